@@ -1,0 +1,114 @@
+"""The latency proxy adds its delay per round trip, keeps pipelining, and balances over live upstreams."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from replayer.proxy import LatencyProxy, Upstream
+
+
+async def _echo_server() -> asyncio.Server:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+async def _round_trip(port: int, rounds: int) -> float:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        writer.write(b"ping\n")
+        await writer.drain()
+        await reader.readexactly(5)
+    elapsed = time.perf_counter() - start
+    writer.close()
+    return elapsed
+
+
+async def test_each_round_trip_gains_the_delay() -> None:
+    server = await _echo_server()
+    port = server.sockets[0].getsockname()[1]
+    async with LatencyProxy([Upstream("127.0.0.1", port)], delay_ms=20) as proxy:
+        elapsed = await _round_trip(proxy.port, 5)
+    server.close()
+    # five sequential round trips through a 20 ms proxy take at least 5 x 20 ms
+    assert elapsed >= 5 * 0.020 * 0.95
+
+
+async def test_pipelined_writes_share_one_delay() -> None:
+    server = await _echo_server()
+    port = server.sockets[0].getsockname()[1]
+    async with LatencyProxy([Upstream("127.0.0.1", port)], delay_ms=40) as proxy:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        start = time.perf_counter()
+        for _ in range(10):
+            writer.write(b"ping\n")
+        await writer.drain()
+        await reader.readexactly(50)
+        elapsed = time.perf_counter() - start
+        writer.close()
+    server.close()
+    # a pipelined batch is one round trip, not ten: far less than 10 x 40 ms
+    assert 0.040 * 0.95 <= elapsed < 4 * 0.040
+
+
+async def test_redis_through_the_proxy(redis_url: str) -> None:
+    async with LatencyProxy([Upstream("127.0.0.1", 6379)], delay_ms=10) as proxy:
+        client = aioredis.Redis(host="127.0.0.1", port=proxy.port)
+        await client.set("perfcast:test:proxy", b"v")
+        start = time.perf_counter()
+        for _ in range(3):
+            assert await client.get("perfcast:test:proxy") == b"v"
+        elapsed = time.perf_counter() - start
+        await client.delete("perfcast:test:proxy")
+        await client.aclose()
+    assert elapsed >= 3 * 0.010 * 0.95
+
+
+async def test_round_robin_skips_a_downed_replica() -> None:
+    hits: list[str] = []
+
+    async def start(name: str) -> web.AppRunner:
+        async def handler(request: web.Request) -> web.Response:
+            hits.append(name)
+            return web.Response(text=name)
+
+        app = web.Application()
+        app.router.add_get("/", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner
+
+    runners = [await start("a"), await start("b")]
+    ports = [r.addresses[0][1] for r in runners]
+    import aiohttp
+
+    async with LatencyProxy([Upstream("127.0.0.1", p) for p in ports]) as proxy:
+        for _ in range(4):
+            async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{proxy.port}/") as r:
+                await r.text()
+        assert sorted(set(hits)) == ["a", "b"]
+        hits.clear()
+        proxy.down.add(0)
+        for _ in range(4):
+            async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{proxy.port}/") as r:
+                await r.text()
+        assert hits == ["b"] * 4
+    for runner in runners:
+        await runner.cleanup()
+
+
+def test_upstream_parse_errors_name_the_text() -> None:
+    assert Upstream.parse("127.0.0.1:6379") == Upstream("127.0.0.1", 6379)
+    with pytest.raises(ValueError, match="'nohost'"):
+        Upstream.parse("nohost")
