@@ -238,8 +238,11 @@ class CausalGraph:
     def topological_order(self) -> list[str]:
         """Node ids in an order where every edge goes forward. Raises :class:`GraphError` on a cycle."""
         if self._order is None:
+            # Kahn's order preferring earlier-inserted nodes: deterministic, and the same after a JSON round trip
+            # (nodes are written in this order).
+            index = {n: i for i, n in enumerate(self.dag.nodes)}
             try:
-                self._order = list(nx.topological_sort(self.dag))
+                self._order = list(nx.lexicographical_topological_sort(self.dag, key=index.__getitem__))
             except nx.NetworkXUnfeasible:
                 cycle = nx.find_cycle(self.dag)
                 path = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
@@ -278,6 +281,7 @@ class CausalGraph:
 
     def to_json(self) -> dict[str, Any]:
         order = self.topological_order()
+        position = {n: i for i, n in enumerate(order)}
         return {
             "route": self.route,
             "variant": self.variant,
@@ -286,7 +290,7 @@ class CausalGraph:
             "trace_ids": list(self.trace_ids),
             **({"meta": self.meta} if self.meta else {}),
             "nodes": [self.node(n).to_json() for n in order],
-            "edges": [[u, v] for u, v in self.dag.edges],
+            "edges": [[u, v] for u in order for v in sorted(self.dag.successors(u), key=position.__getitem__)],
         }
 
     @classmethod

@@ -1,0 +1,552 @@
+"""The what-if engine: causal graphs x baseline samples x profiles x a scenario -> latency distributions.
+
+WebPerf's what-if engine (Jiang et al., SIGCOMM 2016, section 4): every node of a request's causal graph gets
+a latency distribution (its baseline samples when the scenario does not touch it, else the profile the
+scenario implies), and the distributions are combined over the graph (sum along edges, max at all-waits,
+min / k-th at any-waits). perfcast does the combination by joint Monte Carlo (:mod:`analyzer.distribution`):
+it bootstraps whole recorded requests, so the nodes of one request stay together, and draws profile samples
+for the touched nodes. Load and failure scenarios change how requests share the event loop and the
+connection pools; they are simulated (:mod:`analyzer.loadsim`).
+
+How each change turns into node durations (``--explain`` prints it for every node):
+
+- ``location:R=+Xms``: an io node's sample i gains ``round_trips[i] * X`` (round trips measured at
+  collection; a call that pipelines or reuses a prepared statement makes fewer, a new connection more).
+- ``location:R=LABEL``: each round trip gains a draw of the ``rtt`` profile ``location=LABEL``, minus the
+  median of the baseline ``rtt`` profile of that resource when the store has one (the recorded call already
+  paid one baseline round trip each time).
+- ``tier:R=LABEL``: the node's samples are drawn from the profile of its api with ``tier=LABEL``.
+- ``size:R=BYTES``: drawn from the ``size_bytes`` profile (interpolated at BYTES) when the store has one;
+  else a linear cost model fitted on the baseline: ``d_i + b * (BYTES - payload_i)`` with the per-byte cost
+  ``b`` the Theil-Sen slope of duration on payload (max of request and response bytes) over every recorded
+  call of that api to that resource. That needs payloads that vary; otherwise a ProfileError says to profile.
+- ``interference:cpu=PCT``: a compute node's CPU time ``c_i`` is stretched to ``c_i / (1 - PCT/100)``
+  (the loop thread gets the rest of a core shared with the neighbour: processor sharing), its waiting part
+  unchanged; without a CPU measurement the whole segment counts as CPU.
+- timer nodes racing work (``timeout_ms`` set) take their timeout, whatever the recorded request did.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzer.distribution import DagPlan, Distribution, Rows, compile_dag, evaluate_plan
+from analyzer.errors import ProfileError, ScenarioError
+from analyzer.graph import CausalGraph, Node, NodeKind
+from analyzer.scenario import (
+    Interference,
+    Location,
+    Scenario,
+    Size,
+    Tier,
+    check_resources,
+    matches,
+    parse_scenario,
+)
+
+__all__ = ["NodeDurations", "NodeSource", "Prediction", "SupportsSelect", "node_durations", "predict", "select_routes"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class _SelectionLike(Protocol):
+    @property
+    def samples_ms(self) -> FloatArray: ...
+    @property
+    def keys(self) -> tuple[Any, ...]: ...
+    @property
+    def how(self) -> str: ...
+
+
+class SupportsSelect(Protocol):
+    """What the engine needs of a profile store: :meth:`analyzer.profiles.ProfileStore.select`."""
+
+    def select(
+        self, api: str, resource: str, labels: Mapping[str, str], param: str = "", value: float | None = None
+    ) -> _SelectionLike: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSource:
+    """Where a node's predicted durations came from (``--explain``)."""
+
+    node: str
+    kind: str
+    source: str
+    """``baseline``, ``profile``, ``model`` or ``timeout``."""
+    how: str
+    """Human-readable detail: the profile used, the model applied."""
+
+    def to_json(self) -> dict[str, str]:
+        return {"node": self.node, "kind": self.kind, "source": self.source, "how": self.how}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Prediction:
+    """The predicted latency of one request kind (route) under one scenario, with today's beside it."""
+
+    route: str
+    scenario: str
+    predicted: Distribution
+    baseline: Distribution
+    """The model without the scenario, on the same bootstrap draws (so differences are the scenario's)."""
+    observed: Distribution | None
+    """The latencies recorded at collection (the server spans), when the graphs carry them."""
+    requests: int
+    """Recorded requests of this route, over its variants."""
+    sources: tuple[tuple[int, tuple[NodeSource, ...]], ...] = ()
+    """(variant, the source of each node) for every variant of the route."""
+    notes: tuple[str, ...] = field(default=())
+
+    def to_json(self, *, samples: bool = True) -> dict[str, Any]:
+        return {
+            "route": self.route,
+            "scenario": self.scenario,
+            "requests": self.requests,
+            "predicted": self.predicted.to_json(samples=samples),
+            "baseline": self.baseline.to_json(samples=samples),
+            "observed": self.observed.to_json(samples=samples) if self.observed else None,
+            "sources": [{"variant": v, "nodes": [s.to_json() for s in ss]} for v, ss in self.sources],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeDurations:
+    """Every node's durations under a scenario, ready for :func:`~analyzer.distribution.evaluate_plan`."""
+
+    plan: DagPlan
+    base: FloatArray
+    """``(nodes, n)``: the baseline model's durations per recorded request."""
+    per_request: Rows
+    """``(nodes, n)``: the scenario's durations that are functions of the recorded request."""
+    per_sample: dict[int, FloatArray]
+    """position -> ``(S,)`` durations drawn per Monte Carlo sample (profiles)."""
+    idx: npt.NDArray[np.intp]
+    """``(S,)``: the recorded request each sample bootstraps."""
+    sources: tuple[NodeSource, ...]
+
+    def sample_matrix(self) -> FloatArray:
+        """``(nodes, S)``: every node's duration in every sample."""
+        out = self.base[:, self.idx]
+        for j in range(self.plan.size):
+            if j in self.per_sample:
+                continue
+            row = self.per_request[j]
+            if row is not self.base[j]:
+                out[j] = row[self.idx]
+        for j, row in self.per_sample.items():
+            out[j] = row
+        return out
+
+
+def predict(
+    graphs: Sequence[CausalGraph],
+    scenario: Scenario | str,
+    store: SupportsSelect | None = None,
+    samples: int = 10_000,
+    rng: np.random.Generator | None = None,
+) -> list[Prediction]:
+    """Predict each route's latency distribution under ``scenario``.
+
+    Parameters
+    ----------
+    graphs
+        Causal graphs (``load_graphs``); the variants of one route are mixed by their request counts.
+    scenario
+        A :class:`~analyzer.scenario.Scenario` or a spec string (``"location:redis=+20ms"``).
+    store
+        The profile store (:class:`~analyzer.profiles.ProfileStore`), needed by tier, size (unless the
+        baseline payloads vary), location labels, and for io latencies under load.
+    samples
+        Monte Carlo samples per route (simulated requests under load).
+    rng
+        Source of randomness; pass ``np.random.default_rng(seed)`` to reproduce a prediction.
+
+    Raises
+    ------
+    ScenarioError
+        A change names a resource the graphs do not have, or needs data they lack (round trips).
+    ProfileError
+        A profile the scenario needs does not exist.
+    GraphError
+        A graph has a cycle.
+
+    References
+    ----------
+    .. [1] J. Jiang, R. Ravindranath Sivalingam, S. Nath, R. Govindan, "WebPerf: Evaluating What-If
+       Scenarios for Cloud-hosted Web Applications", SIGCOMM 2016, sections 4.3-4.4.
+       doi:10.1145/2934872.2934882
+    """
+    if isinstance(scenario, str):
+        scenario = parse_scenario(scenario)
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    rng = rng if rng is not None else np.random.default_rng()
+    if not graphs:
+        raise ScenarioError("no graphs to predict from")
+    for graph in graphs:
+        graph.validate()
+    check_resources(scenario, graphs)
+    routes: dict[str, list[CausalGraph]] = {}
+    for graph in graphs:
+        routes.setdefault(graph.route, []).append(graph)
+    allocation: dict[int, int] = {}
+    for members in routes.values():
+        weights = np.array([max(g.count, 1) for g in members], dtype=np.float64)
+        for g, s in zip(members, rng.multinomial(samples, weights / weights.sum()), strict=True):
+            allocation[id(g)] = int(s)
+    if store is not None:
+        store = _MemoStore(store)
+    models = {id(g): node_durations(g, scenario, graphs, store, max(allocation[id(g)], 1), rng) for g in graphs}
+    notes = _scenario_notes(scenario, graphs)
+    if scenario.needs_simulation:
+        from analyzer.loadsim import simulate_scenario
+
+        latencies, sim_notes = simulate_scenario(graphs, [models[id(g)] for g in graphs], scenario, store, samples,
+                                                 rng)
+        notes += sim_notes
+        predicted = {id(g): lat for g, lat in zip(graphs, latencies, strict=True)}
+    else:
+        predicted = {}
+        for g in graphs:
+            m = models[id(g)]
+            predicted[id(g)] = evaluate_plan(m.plan, m.per_request, m.idx, m.per_sample)
+    out = []
+    for route, members in routes.items():
+        used = [g for g in members if allocation[id(g)] > 0] or members[:1]
+        pred = np.concatenate([predicted[id(g)] for g in used if predicted[id(g)].size] or [np.zeros(1)])
+        base = np.concatenate([
+            _baseline_latency(g)[models[id(g)].idx] for g in used
+        ])
+        seen = [x for g in members for x in g.latency_ms]
+        out.append(Prediction(
+            route=route,
+            scenario=scenario.name,
+            predicted=Distribution.of(pred),
+            baseline=Distribution.of(base),
+            observed=Distribution.of(seen) if seen else None,
+            requests=sum(g.count for g in members),
+            sources=tuple((g.variant, models[id(g)].sources) for g in members),
+            notes=tuple(notes),
+        ))
+    return out
+
+
+def _scenario_notes(scenario: Scenario, graphs: Sequence[CausalGraph]) -> list[str]:
+    """What a reader of the table should know about how the changes applied."""
+    notes = []
+    for change in scenario.changes:
+        if isinstance(change, Location):
+            hits = [(g, n) for g in graphs for n in g.nodes if matches(change.resource, n) and n.round_trips]
+            trips = [float(_array(g, n, "round_trips").mean()) for g, n in hits]
+            if hits and max(trips) == 0:
+                notes.append(f"location:{change.resource}: its {len(hits)} calls made no network round trip when "
+                             "recorded (a local file or an in-process call), so nothing changes")
+            elif hits:
+                notes.append(f"location:{change.resource}: {len(hits)} calls, {np.mean(trips):.2g} round trips "
+                             "each on average (as recorded)")
+        elif isinstance(change, Interference):
+            compute = [n for g in graphs for n in g.nodes if n.kind is NodeKind.COMPUTE]
+            blind = sum(1 for n in compute if not n.cpu_ms)
+            if blind:
+                notes.append(f"interference: {blind} of {len(compute)} compute nodes have no CPU time recorded: "
+                             "all of their time is stretched")
+    return notes
+
+
+def select_routes(graphs: Sequence[CausalGraph], routes: Sequence[str]) -> list[CausalGraph]:
+    """The graphs of ``routes`` (all when empty); raises :class:`ScenarioError` naming the routes there are.
+
+    Under load the users issue the selected routes only, in their recorded proportions: leave out the
+    routes of other services that the graphs file also holds (a backend traced in the same process).
+    """
+    if not routes:
+        return list(graphs)
+    have = list(dict.fromkeys(g.route for g in graphs))
+    unknown = [r for r in routes if r not in have]
+    if unknown:
+        raise ScenarioError(f"unknown route {unknown[0]!r}; the graphs have: {', '.join(have)}")
+    return [g for g in graphs if g.route in routes]
+
+
+# --- node durations under a scenario --------------------------------------------------------------------------
+
+
+_COMPILED: weakref.WeakKeyDictionary[CausalGraph, tuple[DagPlan, FloatArray, tuple[NodeSource, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Graphs are not changed once built: their plan and baseline matrix are computed once per graph, so that
+exploring many scenarios does not convert the nodes' sample tuples to arrays again."""
+
+
+def _compiled(graph: CausalGraph) -> tuple[DagPlan, FloatArray, tuple[NodeSource, ...]]:
+    hit = _COMPILED.get(graph)
+    if hit is None:
+        plan = compile_dag(graph)
+        base, sources = _base_matrix(graph, plan)
+        base.setflags(write=False)
+        hit = _COMPILED[graph] = (plan, base, tuple(sources))
+    return hit
+
+
+_BASELINE: weakref.WeakKeyDictionary[CausalGraph, FloatArray] = weakref.WeakKeyDictionary()
+
+
+def _baseline_latency(graph: CausalGraph) -> FloatArray:
+    """The baseline model's latency of each recorded request (bootstrapping it = bootstrapping requests)."""
+    if graph not in _BASELINE:
+        plan, base, _ = _compiled(graph)
+        _BASELINE[graph] = evaluate_plan(plan, base, np.arange(base.shape[1]))
+    return _BASELINE[graph]
+
+
+def _base_matrix(graph: CausalGraph, plan: DagPlan) -> tuple[FloatArray, list[NodeSource]]:
+    n = max(graph.count, 1)
+    rows = np.zeros((plan.size, n))
+    sources = []
+    for j, node_id in enumerate(plan.ids):
+        node = graph.node(node_id)
+        if node.kind is NodeKind.TIMER and node.timeout_ms is not None:
+            rows[j] = node.timeout_ms
+            sources.append(NodeSource(node_id, node.kind.value, "timeout", f"its timeout, {node.timeout_ms:g} ms"))
+            continue
+        if node.samples_ms:
+            rows[j] = node.samples_ms
+        sources.append(NodeSource(node_id, node.kind.value, "baseline", "recorded samples"))
+    return rows, sources
+
+
+def _payload(node: Node, graph: CausalGraph | None = None) -> FloatArray | None:
+    """Payload of each recorded call: the larger of its request and response bytes."""
+    req, resp = node.request_bytes, node.response_bytes
+    if not req and not resp:
+        return None
+    if graph is not None:
+        a, b = _array(graph, node, "request_bytes"), _array(graph, node, "response_bytes")
+    else:
+        a, b = np.asarray(req, dtype=np.float64), np.asarray(resp, dtype=np.float64)
+    if not a.size or not b.size:
+        return a if a.size else b
+    return np.maximum(a, b)
+
+
+_ARRAYS: weakref.WeakKeyDictionary[CausalGraph, dict[tuple[str, str], FloatArray]] = weakref.WeakKeyDictionary()
+
+
+def _array(graph: CausalGraph, node: Node, name: str) -> FloatArray:
+    """A node's per-request field (``round_trips``, ``cpu_ms``, bytes) as a cached read-only float array."""
+    cache = _ARRAYS.setdefault(graph, {})
+    key = (node.id, name)
+    if key not in cache:
+        arr = np.asarray(getattr(node, name), dtype=np.float64)
+        arr.setflags(write=False)
+        cache[key] = arr
+    return cache[key]
+
+
+class _MemoStore:
+    """A profile store whose answers are remembered for one prediction (one SQLite query per profile)."""
+
+    def __init__(self, store: SupportsSelect) -> None:
+        self.store = store
+        self.memo: dict[tuple[Any, ...], _SelectionLike | ProfileError] = {}
+
+    def select(
+        self, api: str, resource: str, labels: Mapping[str, str], param: str = "", value: float | None = None
+    ) -> _SelectionLike:
+        key = (api, resource, tuple(sorted(labels.items())), param, value)
+        if key not in self.memo:
+            try:
+                self.memo[key] = self.store.select(api, resource, labels, param, value)
+            except ProfileError as exc:
+                self.memo[key] = exc
+        hit = self.memo[key]
+        if isinstance(hit, ProfileError):
+            raise hit
+        return hit
+
+
+def _per_byte_ms(change: Size, api: str, graphs: Sequence[CausalGraph]) -> tuple[float, str] | None:
+    """Theil-Sen slope of duration on payload over every recorded call of ``api`` to the resource."""
+    from scipy.stats import theilslopes  # type: ignore[import-untyped]
+
+    xs, ys = [], []
+    for graph in graphs:
+        for node in graph.nodes:
+            p = _payload(node, graph) if node.api == api and matches(change.resource, node) else None
+            if p is not None and p.size == len(node.samples_ms):
+                xs.append(p)
+                ys.append(np.asarray(node.samples_ms))
+    if not xs:
+        return None
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    if x.size < 5 or x.max() < 1.5 * max(x.min(), 1.0):
+        return None
+    if x.size > 2000:  # Theil-Sen is O(n^2): a fixed-seed subset keeps it fast and reproducible
+        keep = np.random.default_rng(0).choice(x.size, 2000, replace=False)
+        x, y = x[keep], y[keep]
+    slope = max(float(theilslopes(y, x).slope), 0.0)
+    return slope, f"{x.size} calls, {x.min():.0f}..{x.max():.0f} bytes"
+
+
+def node_durations(
+    graph: CausalGraph,
+    scenario: Scenario,
+    graphs: Sequence[CausalGraph],
+    store: SupportsSelect | None,
+    samples: int,
+    rng: np.random.Generator,
+) -> NodeDurations:
+    """Each node's durations under ``scenario``, with where they came from (profile selection, section 4.3)."""
+    plan, base, baseline_sources = _compiled(graph)
+    sources = list(baseline_sources)
+    n = base.shape[1]
+    idx = rng.integers(0, n, samples)
+    per_request = _CopyOnWrite(base)
+    per_sample: dict[int, FloatArray] = {}
+    cpu = [c for c in scenario.changes if isinstance(c, Interference)]
+    for j, node_id in enumerate(plan.ids):
+        node = graph.node(node_id)
+        notes: list[str] = []
+        if node.kind is NodeKind.IO:
+            notes = _io_node(j, node, graph, scenario, graphs, store, idx, per_request, per_sample, rng)
+        elif node.kind is NodeKind.COMPUTE and cpu:
+            p = cpu[-1].cpu_pct / 100.0
+            if node.cpu_ms and len(node.cpu_ms) == n:
+                c = np.minimum(_array(graph, node, "cpu_ms"), per_request[j])
+                what = "CPU time"
+            else:
+                c = per_request[j].copy()
+                what = "whole segment (no CPU time recorded)"
+            per_request[j] = per_request[j] + c * (p / (1.0 - p))
+            notes = [f"interference: {what} / (1 - {p:g})"]
+        if notes:
+            src = "profile" if j in per_sample else "model"
+            sources[j] = NodeSource(node_id, node.kind.value, src, "; ".join(notes))
+    return NodeDurations(plan, base, per_request, per_sample, idx, tuple(sources))
+
+
+class _CopyOnWrite:
+    """The baseline matrix with some rows replaced, without copying the rest (most rows stay baseline)."""
+
+    def __init__(self, base: FloatArray) -> None:
+        self.base = base
+        self.shape = base.shape
+        self.rows: dict[int, FloatArray] = {}
+
+    def __getitem__(self, j: int) -> FloatArray:
+        row = self.rows.get(j)
+        return self.base[j] if row is None else row
+
+    def __setitem__(self, j: int, row: FloatArray) -> None:
+        self.rows[j] = np.asarray(row, dtype=np.float64)
+
+
+def _need_store(store: SupportsSelect | None, scenario: Scenario, what: str) -> SupportsSelect:
+    if store is None:
+        raise ProfileError(f"scenario {scenario.name!r}: {what} needs a profile store (--profiles FILE)")
+    return store
+
+
+def _io_node(
+    j: int,
+    node: Node,
+    graph: CausalGraph,
+    scenario: Scenario,
+    graphs: Sequence[CausalGraph],
+    store: SupportsSelect | None,
+    idx: npt.NDArray[np.intp],
+    per_request: _CopyOnWrite,
+    per_sample: dict[int, FloatArray],
+    rng: np.random.Generator,
+) -> list[str]:
+    notes: list[str] = []
+    tiers = [c for c in scenario.changes if isinstance(c, Tier) and matches(c.resource, node)]
+    sizes = [c for c in scenario.changes if isinstance(c, Size) and matches(c.resource, node)]
+    locations = [c for c in scenario.changes if isinstance(c, Location) and matches(c.resource, node)]
+    labels = {"tier": tiers[-1].label} if tiers else {}
+    size = sizes[-1] if sizes else None
+    drawn: FloatArray | None = None
+    if tiers or size:
+        what = f"{'tier ' + tiers[-1].label if tiers else ''}{' and ' if tiers and size else ''}" \
+               f"{f'size {size.size_bytes:g} B' if size else ''} for {node.api!r}"
+        sel = None
+        if store is not None or tiers:
+            s = _need_store(store, scenario, what)
+            try:
+                sel = s.select(node.api, node.resource, labels, "size_bytes" if size else "",
+                               size.size_bytes if size else None)
+            except ProfileError:
+                if tiers or size is None:
+                    raise
+        if sel is not None and (size is None or sel.keys[0].param == "size_bytes"):
+            drawn = rng.choice(np.asarray(sel.samples_ms, dtype=np.float64), size=idx.size)
+            notes.append(f"profile {sel.keys[0].api} [{','.join(f'{a}={b}' for a, b in sel.keys[0].labels)}]: "
+                         f"{sel.how}")
+        if size is not None and drawn is None:
+            fit = _per_byte_ms(size, node.api, graphs)
+            payload = _payload(node, graph)
+            if fit is None or payload is None:
+                have = f"; the store's answer: {sel.how}" if sel is not None else ""
+                raise ProfileError(
+                    f"scenario {scenario.name!r}: no size_bytes profile for {node.api!r} at {node.resource!r}, "
+                    f"and its recorded payloads do not vary enough to fit a per-byte cost{have}; measure one with "
+                    f"'perfcast profile ... --size' (node {node.id!r}, route {graph.route!r})"
+                )
+            slope, span = fit
+            if sel is not None:
+                # a tier profile measured at today's payloads, shifted by the fitted per-byte cost
+                drawn = rng.choice(np.asarray(sel.samples_ms, dtype=np.float64), size=idx.size)
+                drawn = np.maximum(drawn + slope * (size.size_bytes - payload[idx]), 0.0)
+                notes.append(f"profile {sel.how}, + {slope * 1e6:.3g} ms/MB x (size - payload) fitted on {span}")
+            else:
+                per_request[j] = np.maximum(per_request[j] + slope * (size.size_bytes - payload), 0.0)
+                notes.append(f"baseline + {slope * 1e6:.3g} ms/MB x ({size.size_bytes:g} B - payload), "
+                             f"Theil-Sen fit on {span}")
+    if drawn is not None:
+        per_sample[j] = drawn
+    for loc in locations:
+        if not node.round_trips or len(node.round_trips) != per_request.shape[1]:
+            raise ScenarioError(
+                f"scenario {scenario.name!r}: io node {node.id!r} of route {graph.route!r} ({node.api}) has no "
+                "round-trip counts, so the added RTT cannot be applied; collect the spans again with perfcast's "
+                "collector (it records perfcast.io.round_trips)"
+            )
+        trips = _array(graph, node, "round_trips")
+        if loc.added_ms is not None:
+            if j in per_sample:
+                per_sample[j] = np.maximum(per_sample[j] + trips[idx] * loc.added_ms, 0.0)
+            else:
+                per_request[j] = np.maximum(per_request[j] + trips * loc.added_ms, 0.0)
+            notes.append(f"+ {loc.added_ms:g} ms x round trips (mean {trips.mean():.3g})")
+            continue
+        s = _need_store(store, scenario, f"location {loc.label}")
+        sel = s.select("rtt", node.resource, {"location": str(loc.label)})
+        rtt = np.asarray(sel.samples_ms, dtype=np.float64)
+        offset = 0.0
+        try:
+            here = s.select("rtt", node.resource, {})
+            if here.keys and here.keys[0].labels == ():
+                offset = float(np.median(here.samples_ms))
+        except ProfileError:
+            pass
+        k = trips[idx].astype(np.int64)
+        draws = rng.choice(rtt, size=int(k.sum())) - offset
+        added = np.zeros(idx.size)
+        nz = k > 0
+        if nz.any():
+            # sum each sample's k round-trip draws: reduceat over the segment starts
+            starts = np.concatenate([[0], np.cumsum(k[nz])[:-1]])
+            added[nz] = np.add.reduceat(draws, starts)
+        row = per_sample[j] if j in per_sample else per_request[j][idx]
+        per_sample[j] = np.maximum(row + added, 0.0)
+        notes.append(f"+ rtt [location={loc.label}] x round trips ({sel.how}"
+                     f"{f'; minus baseline rtt median {offset:.3g} ms' if offset else ''})")
+    return notes

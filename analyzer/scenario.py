@@ -1,0 +1,370 @@
+"""What-if scenarios: parsing ``--scenario`` specs and scenario TOML files, and matching resources.
+
+A :class:`Scenario` is a named set of changes applied together. The spec of one change is
+``KIND:BODY[?OPTION=VALUE&...]``; several changes joined with ``;`` form one scenario
+(``"location:redis=+20ms; load:30"``). The kinds (WebPerf's Table 2, Jiang et al., SIGCOMM 2016):
+
+===========================================  =====================================================================
+``location:RESOURCE=+20ms``                  every round trip to RESOURCE gains 20 ms (``-5ms`` moves it closer)
+``location:RESOURCE=LABEL``                  every round trip gains a draw of the ``rtt`` profile ``location=LABEL``
+``tier:RESOURCE=LABEL``                      RESOURCE's calls take the profile of their api with ``tier=LABEL``
+``size:RESOURCE=BYTES``                      RESOURCE's calls carry BYTES (``6MB``, ``512KiB``, ``6e6``)
+``load:N[?think=0ms&replicas=1&pool.R=10]``  N concurrent users (closed loop), spread over ``replicas`` front ends,
+                                             with at most ``pool.R`` calls in flight to resource R per front end
+                                             (``&nested=shared|separate|off``: see :class:`Load`)
+``interference:cpu=PCT``                     a neighbour takes PCT % of the CPU the event loop runs on
+``failure:RESOURCE[?replicas=2]``            one of RESOURCE's replicas fails; the survivors carry its load
+                                             (RESOURCE ``app`` is the front end itself)
+===========================================  =====================================================================
+
+RESOURCE matches an io node by system (``redis``), by ``host:port``, by its full resource URL, or by the name
+given at collection (the node's ``resource_name``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import tomllib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from analyzer.errors import ScenarioError, ScenarioFileError
+from analyzer.graph import CausalGraph, Node, NodeKind
+
+__all__ = [
+    "APP",
+    "KINDS",
+    "Change",
+    "Failure",
+    "Interference",
+    "Load",
+    "Location",
+    "Scenario",
+    "Size",
+    "Tier",
+    "check_resources",
+    "known_resources",
+    "load_scenarios",
+    "matches",
+    "parse_scenario",
+]
+
+APP = ("app", "frontend")
+"""Names that ``failure:`` accepts for the front end (the event loop running the app) itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """``location:RESOURCE=+Xms`` (``added_ms``) or ``location:RESOURCE=LABEL`` (``label``)."""
+
+    resource: str
+    added_ms: float | None = None
+    label: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    """``tier:RESOURCE=LABEL``: the profiles with label ``tier=LABEL``."""
+
+    resource: str
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    """``size:RESOURCE=BYTES``: calls to RESOURCE carry ``size_bytes`` of payload."""
+
+    resource: str
+    size_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """``load:N``: N concurrent closed-loop users."""
+
+    users: int
+    think_ms: float = 0.0
+    """Think time between a user's requests."""
+    replicas: int = 1
+    """Front ends sharing the users (a load balancer spreads them evenly)."""
+    pools: tuple[tuple[str, int], ...] = ()
+    """(RESOURCE, limit): at most ``limit`` calls in flight to RESOURCE per front end (a connection pool)."""
+    nested: str = "shared"
+    """HTTP calls to a route the graphs also hold are simulated as sub-requests whose compute runs on the
+    caller's CPU (``shared``: one process, one GIL), on a server of their own per endpoint (``separate``),
+    or not at all (``off``: calls keep their recorded latency, users issue every route)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interference:
+    """``interference:cpu=PCT``: a co-located process takes ``cpu_pct`` % of the loop's CPU."""
+
+    cpu_pct: float
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """``failure:RESOURCE``: one of ``replicas`` replicas fails (``None``: from the graphs, else 2)."""
+
+    resource: str
+    replicas: int | None = None
+
+    @property
+    def is_app(self) -> bool:
+        return self.resource in APP
+
+
+Change = Location | Tier | Size | Load | Interference | Failure
+
+KINDS = ("location", "tier", "size", "load", "interference", "failure")
+
+NESTED = ("shared", "separate", "off")
+"""The values of ``load:N?nested=``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A named set of changes applied together."""
+
+    name: str
+    changes: tuple[Change, ...] = field(default=())
+
+    def of(self, kind: type) -> list[Change]:
+        return [c for c in self.changes if isinstance(c, kind)]
+
+    @property
+    def load(self) -> Load | None:
+        loads = [c for c in self.changes if isinstance(c, Load)]
+        return loads[-1] if loads else None
+
+    @property
+    def needs_simulation(self) -> bool:
+        """Load and failure change how requests share the loop and the pools: :mod:`analyzer.loadsim`."""
+        return any(isinstance(c, (Load, Failure)) for c in self.changes)
+
+
+# --- parsing ----------------------------------------------------------------------------------------------------
+
+_UNITS_MS = {"us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3}
+_UNITS_BYTES = {
+    "": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+}
+_NUMBER = r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
+
+
+def _duration_ms(text: str, where: str) -> float:
+    m = re.fullmatch(rf"\s*([-+]?{_NUMBER})\s*(us|µs|ms|s)\s*", text)
+    if not m:
+        raise ScenarioError(f"{where}: expected a duration such as +20ms, 0.5s or 300us, got {text!r}")
+    return float(m.group(1)) * _UNITS_MS[m.group(2)]
+
+
+def _bytes(text: str, where: str) -> float:
+    m = re.fullmatch(rf"\s*({_NUMBER})\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS_BYTES:
+        raise ScenarioError(f"{where}: expected a size such as 6MB, 512KiB or 6e6 (bytes), got {text!r}")
+    return float(m.group(1)) * _UNITS_BYTES[m.group(2).lower()]
+
+
+def _positive_int(text: str, where: str, minimum: int = 1) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ScenarioError(f"{where}: expected an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def _options(text: str, where: str, allowed: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in filter(None, text.split("&")):
+        name, eq, value = part.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise ScenarioError(f"{where}: option {part!r} must read NAME=VALUE")
+        if not any(name == a or (a.endswith(".") and name.startswith(a)) for a in allowed):
+            raise ScenarioError(f"{where}: unknown option {name!r}; options are {', '.join(allowed)}")
+        out[name] = value.strip()
+    return out
+
+
+def _parse_change(spec: str) -> Change:
+    where = f"scenario {spec!r}"
+    kind, colon, rest = spec.partition(":")
+    kind = kind.strip().lower()
+    if not colon or kind not in KINDS:
+        raise ScenarioError(
+            f"{where}: unknown kind {kind!r}; kinds are {', '.join(KINDS)} "
+            "(e.g. location:redis=+20ms, tier:redis=C2, size:blob=6MB, load:60, interference:cpu=50, failure:app)"
+        )
+    body, _, opts = rest.partition("?")
+    body = body.strip()
+    target, eq, value = body.partition("=")
+    target, value = target.strip(), value.strip()
+    if kind == "load":
+        o = _options(opts, where, ["think", "replicas", "nested", "pool."])
+        pools = tuple(sorted((k[5:], _positive_int(v, f"{where} option {k}")) for k, v in o.items()
+                             if k.startswith("pool.")))
+        if any(not r for r, _ in pools):
+            raise ScenarioError(f"{where}: option pool.RESOURCE needs a resource, e.g. pool.postgresql=10")
+        think = _duration_ms(o["think"], f"{where} option think") if "think" in o else 0.0
+        if think < 0:
+            raise ScenarioError(f"{where}: option think must be >= 0")
+        nested = o.get("nested", "shared")
+        if nested not in NESTED:
+            raise ScenarioError(f"{where}: option nested must be one of {', '.join(NESTED)}, got {nested!r}")
+        return Load(_positive_int(body, where), think, _positive_int(o.get("replicas", "1"), where), pools, nested)
+    if kind == "failure":
+        o = _options(opts, where, ["replicas"])
+        if not body or eq:
+            raise ScenarioError(f"{where}: expected failure:RESOURCE[?replicas=R], e.g. failure:app?replicas=2")
+        replicas = _positive_int(o["replicas"], f"{where} option replicas", 2) if "replicas" in o else None
+        return Failure(body, replicas)
+    _options(opts, where, [])
+    if not eq or not target or not value:
+        raise ScenarioError(f"{where}: expected {kind}:RESOURCE=VALUE")
+    if kind == "interference":
+        if target.lower() != "cpu":
+            raise ScenarioError(f"{where}: only interference:cpu=PCT is modelled, got {target!r}")
+        try:
+            pct = float(value.rstrip("%"))
+        except ValueError:
+            pct = -1.0
+        if not 0 <= pct < 100:
+            raise ScenarioError(f"{where}: PCT must be a number in [0, 100), got {value!r}")
+        return Interference(pct)
+    if kind == "location":
+        if value[0] in "+-" or value[0].isdigit():
+            return Location(target, added_ms=_duration_ms(value, where))
+        return Location(target, label=value)
+    if kind == "tier":
+        return Tier(target, value)
+    size = _bytes(value, where)
+    if size <= 0 or not math.isfinite(size):
+        raise ScenarioError(f"{where}: BYTES must be positive")
+    return Size(target, size)
+
+
+def parse_scenario(spec: str, name: str | None = None) -> Scenario:
+    """Parse ``"kind:body[?opts]; kind:body..."`` into a :class:`Scenario`; raises :class:`ScenarioError`.
+
+    Examples
+    --------
+    >>> sc = parse_scenario("location:redis=+20ms; load:30?pool.postgresql=10")
+    >>> sc.changes[0]
+    Location(resource='redis', added_ms=20.0, label=None)
+    >>> sc.load.users, sc.load.pools
+    (30, (('postgresql', 10),))
+    """
+    parts = [p.strip() for p in spec.split(";") if p.strip()]
+    if not parts:
+        raise ScenarioError("empty scenario: expected e.g. location:redis=+20ms")
+    changes = tuple(_parse_change(p) for p in parts)
+    if sum(isinstance(c, Load) for c in changes) > 1:
+        raise ScenarioError(f"scenario {spec!r}: more than one load: change")
+    return Scenario(name or "; ".join(parts), changes)
+
+
+def load_scenarios(path: str | Path) -> list[Scenario]:
+    """Read a scenario TOML file; raises :class:`ScenarioFileError` naming file, line and field.
+
+    The file holds one table per scenario, each with ``changes``, a spec or a list of specs::
+
+        [scenario.far-cache]
+        changes = "location:redis=+20ms"
+
+        [scenario.peak]
+        changes = ["load:60?pool.postgresql=10", "interference:cpu=30"]
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioFileError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        raise ScenarioFileError(path, int(m.group(1)) if m else None, None, f"not valid TOML: {exc}") from None
+    lines = text.splitlines()
+
+    def line_of(name: str) -> int | None:
+        pattern = re.compile(rf"^\s*\[\s*scenarios?\.(\"?){re.escape(name)}\1\s*\]")
+        return next((i + 1 for i, line in enumerate(lines) if pattern.match(line)), None)
+
+    table = doc.get("scenario", doc.get("scenarios"))
+    unknown = sorted(set(doc) - {"scenario", "scenarios"})
+    if unknown:
+        raise ScenarioFileError(path, None, unknown[0], "unknown table; scenarios go in [scenario.NAME] tables")
+    if not isinstance(table, dict) or not table:
+        raise ScenarioFileError(path, None, "scenario", "no [scenario.NAME] table with changes = [...]")
+    out = []
+    for name, body in table.items():
+        line = line_of(name)
+        fname = f"scenario.{name}.changes"
+        if not isinstance(body, dict) or "changes" not in body:
+            raise ScenarioFileError(path, line, fname, "missing (a spec or a list of specs)")
+        extra = sorted(set(body) - {"changes", "description"})
+        if extra:
+            raise ScenarioFileError(path, line, f"scenario.{name}.{extra[0]}", "unknown field (use changes)")
+        changes = body["changes"]
+        specs = [changes] if isinstance(changes, str) else changes
+        if not isinstance(specs, list) or not specs or not all(isinstance(s, str) for s in specs):
+            raise ScenarioFileError(path, line, fname, "must be a spec string or a non-empty list of them")
+        try:
+            out.append(parse_scenario("; ".join(specs), name))
+        except ScenarioError as exc:
+            raise ScenarioFileError(path, line, fname, str(exc)) from None
+    return out
+
+
+# --- resources --------------------------------------------------------------------------------------------------
+
+
+def _names(node: Node) -> frozenset[str]:
+    return _names_of(node.system, node.resource, str(node.extra.get("resource_name") or ""))
+
+
+@functools.lru_cache(maxsize=4096)
+def _names_of(system: str, resource: str, name: str) -> frozenset[str]:
+    names = {system, resource, name}
+    if resource:
+        parts = urlsplit(resource)
+        if parts.hostname:
+            names.add(f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname)
+    names.discard("")
+    return frozenset(names)
+
+
+def matches(selector: str, node: Node) -> bool:
+    """Whether RESOURCE ``selector`` names io node ``node`` (system, host:port, URL or collection name)."""
+    return node.kind is NodeKind.IO and selector in _names(node)
+
+
+def known_resources(graphs: Iterable[CausalGraph]) -> list[str]:
+    """Every name a scenario may use for the resources of ``graphs``, sorted."""
+    out: set[str] = set()
+    for graph in graphs:
+        for node in graph.nodes:
+            if node.kind is NodeKind.IO:
+                out |= _names(node)
+    return sorted(out)
+
+
+def check_resources(scenario: Scenario, graphs: Sequence[CausalGraph]) -> None:
+    """Raise :class:`ScenarioError` when a change names a resource none of ``graphs`` has."""
+    for change in scenario.changes:
+        selectors: list[str] = []
+        if isinstance(change, (Location, Tier, Size)) or isinstance(change, Failure) and not change.is_app:
+            selectors = [change.resource]
+        elif isinstance(change, Load):
+            selectors = [r for r, _ in change.pools]
+        for sel in selectors:
+            if not any(matches(sel, n) for g in graphs for n in g.nodes):
+                have = ", ".join(known_resources(graphs)) or "none (the graphs have no io nodes)"
+                raise ScenarioError(f"scenario {scenario.name!r}: unknown resource {sel!r}; the graphs have: {have}")

@@ -1,0 +1,380 @@
+"""Throughput cost of tracing: the forum app at saturation, plain, under perfcast, under the contrib asyncio
+instrumentation.
+
+Configurations, measured in one run, interleaved round by round (A B C A B C ...), medians quoted:
+
+- ``plain``: ``python -m examples.forum ...``
+- ``perfcast``: ``python -m collector -o SPANS -- python -m examples.forum ...``
+- ``otel-asyncio``: the app under ``opentelemetry-instrumentation-asyncio`` through a small bootstrap (this
+  file with ``--run-under-otel-asyncio``): a ``TracerProvider`` whose ``BatchSpanProcessor`` writes each span as
+  a JSON line to a file, ``AsyncioInstrumentor().instrument()``, then the app's module run as ``__main__``.
+  By default that instrumentation makes spans only for the coroutines named in
+  ``OTEL_PYTHON_ASYNCIO_COROUTINE_NAMES_TO_TRACE``; we name the app's awaited coroutines (the blob, SQL,
+  replica and ad calls), so it traces the same fan-outs perfcast does.
+
+Each measurement: start the app, wait for its ``listening on`` line, warm up, then load it with ``--users``
+closed-loop users for ``--duration`` seconds from another process (``wrk`` when it is on PATH, else the
+aiohttp load client ``python -m examples.forum.load``), then stop it with SIGINT (so exporters flush). The app's
+CPU time per request over the measured window is reported too: it is less sensitive than throughput to other
+work on the machine. Nothing is pinned: the app, its dependencies and the client all share this machine's cores.
+
+Usage::
+
+    python benchmarks/collector_overhead.py                       # 5 rounds x 10 s
+    python benchmarks/collector_overhead.py --rounds 2 --duration 3 --warmup 1   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from importlib.util import find_spec
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from examples.forum.load import run_load_subprocess
+
+REDIS_URL = os.environ.get("PERFCAST_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_URL = os.environ.get("PERFCAST_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+CONFIGS = ("plain", "perfcast", "otel-asyncio")
+# The coroutines the forum awaits through create_task / gather / wait / wait_for / TaskGroup.
+OTEL_ASYNCIO_COROUTINES = "_fetch_blob,_recommend,_fetch_ad,_record_view,top_users,tag_counts,comment_count"
+_LISTENING = re.compile(r"listening on (http://\S+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One configuration measured once."""
+
+    config: str
+    round: int
+    throughput_rps: float
+    requests: int
+    errors: int
+    p50_ms: float
+    app_cpu_ms_per_request: float
+    """CPU time (user + system) of the app's process tree over the measured window, per request."""
+    app_cpu_share: float
+    """That CPU time over the window's length: 1.0 is one core busy all the time (saturated event loop)."""
+    spans_lines: int
+    """Lines in the spans file after the app stopped (0 for ``plain``)."""
+    load_average: float
+    """The machine's 1-minute load average when the measurement ended (other work on the machine)."""
+
+
+# --- starting and stopping the app -------------------------------------------------------------------------
+
+
+def _app_command(config: str, app_args: Sequence[str], spans: Path) -> list[str]:
+    app = [sys.executable, "-m", "examples.forum", *app_args]
+    if config == "plain":
+        return app
+    if config == "perfcast":
+        return [sys.executable, "-m", "collector", "-o", str(spans), "--", *app]
+    if config == "otel-asyncio":
+        return [sys.executable, str(Path(__file__).resolve()), "--run-under-otel-asyncio", str(spans),
+                "examples.forum", *app_args]
+    raise ValueError(f"unknown configuration {config!r}; choose from {', '.join(CONFIGS)}")
+
+
+class _Process:
+    """A server started in its own session (so SIGINT reaches the whole tree), waited for until it listens."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None, timeout_s: float = 60.0) -> None:
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the process; closed in stop()
+        self._stderr_tail = ""
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+                                     env=env, start_new_session=True)
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            line = self.proc.stdout.readline()
+            if match := _LISTENING.search(line):
+                self.url = match.group(1)
+                return
+            if not line or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{' '.join(argv)} did not start: {self.error_text()}")
+
+    def error_text(self) -> str:
+        """The end of the process's stderr (kept after :meth:`stop`)."""
+        if not self.stderr.closed:
+            self.stderr.seek(0)
+            self._stderr_tail = self.stderr.read()[-2000:]
+        return self._stderr_tail
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process and its children (0 for ones that have ended)."""
+        total = 0.0
+        try:
+            root = psutil.Process(self.proc.pid)
+            for proc in [root, *root.children(recursive=True)]:
+                times = proc.cpu_times()
+                total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+        return total
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.error_text()
+        self.stderr.close()
+        return self.proc.returncode
+
+
+# --- the load ------------------------------------------------------------------------------------------------
+
+_WRK_SCRIPT = """
+math.randomseed(os.time())
+request = function()
+  return wrk.format("GET", "/?page=" .. math.random(1, %d))
+end
+"""
+
+
+def parse_wrk(out: str) -> tuple[int, int, float, float]:
+    """(successful requests, failed requests, seconds, p50 ms) from ``wrk --latency`` output."""
+    total = re.search(r"(\d+) requests in ([\d.]+)(ms|s|m)", out)
+    if total is None:
+        raise ValueError(f"not wrk output: {out[:200]!r}")
+    seconds = float(total.group(2)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[total.group(3)]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    bad_status = int(non2xx.group(1)) if non2xx else 0
+    failed = sum(int(n) for n in socket_errors.groups()) if socket_errors else 0
+    p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)", out)
+    p50_ms = float(p50.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[p50.group(2)] if p50 else float("nan")
+    return int(total.group(1)) - bad_status, bad_status + failed, seconds, p50_ms
+
+
+def _load(url: str, client: str, users: int, duration_s: float, pages: int) -> tuple[int, int, float, float]:
+    """(successful requests, errors, measured seconds, p50 ms) of one closed-loop run."""
+    if client == "wrk":
+        with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+            script.write(_WRK_SCRIPT % pages)
+        try:
+            out = subprocess.run(
+                ["wrk", "-t1", f"-c{users}", f"-d{max(1, round(duration_s))}s", "--timeout", "30s", "--latency",
+                 "-s", script.name, url],
+                capture_output=True, text=True, check=True, timeout=duration_s + 60,
+            ).stdout
+        finally:
+            os.unlink(script.name)
+        return parse_wrk(out)
+    result = run_load_subprocess(url, users=users, duration_s=duration_s, paths=["/?page={n}"], n_max=pages)
+    return len(result.latencies_ms), result.errors, result.elapsed_s, result.percentile_ms(50)
+
+
+def measure(config: str, rnd: int, app_args: Sequence[str], args: argparse.Namespace, workdir: Path) -> Measurement:
+    """Start the app in ``config``, load it, stop it; one :class:`Measurement`."""
+    spans = workdir / f"{config}-{rnd}.jsonl"
+    env = {**os.environ, "PERFCAST_QUIET": "1"}
+    if config == "otel-asyncio":
+        env["OTEL_PYTHON_ASYNCIO_COROUTINE_NAMES_TO_TRACE"] = OTEL_ASYNCIO_COROUTINES
+    app = _Process(_app_command(config, app_args, spans), env=env)
+    try:
+        if args.warmup > 0:
+            _load(app.url, args.client, args.users, args.warmup, args.pages)
+        cpu0 = app.cpu_s()
+        ok, errors, seconds, p50 = _load(app.url, args.client, args.users, args.duration, args.pages)
+        cpu = app.cpu_s() - cpu0
+    finally:
+        code = app.stop()
+    if code not in (0, -signal.SIGINT, 130):
+        raise RuntimeError(f"{config}: the app exited with {code}: {app.error_text()}")
+    lines = 0
+    if spans.exists():
+        with spans.open("rb") as f:
+            lines = sum(1 for _ in f)
+        spans.unlink()
+    return Measurement(config, rnd, ok / seconds if seconds else 0.0, ok, errors, p50,
+                       1000 * cpu / ok if ok else float("nan"), cpu / seconds if seconds else float("nan"),
+                       lines, os.getloadavg()[0])
+
+
+# --- dependencies --------------------------------------------------------------------------------------------
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _start_dependencies(backend: str) -> tuple[list[str], list[_Process], str]:
+    """App arguments for the chosen backend, the processes started for it, and a description."""
+    if backend == "auto":
+        backend = "services" if _reachable("127.0.0.1", 6379) and _reachable("127.0.0.1", 5432) else "embedded"
+    if backend == "embedded":
+        return [], [], "embedded (SQLite file, blob/cache/ad/replica services on a thread of the app)"
+    blobs = [_Process([sys.executable, "-m", "examples.forum.blobs", "--port", "0"]) for _ in range(3)]
+    args = ["--redis", REDIS_URL, "--postgres", POSTGRES_URL, "--blob-url", blobs[0].url,
+            "--replica-url", blobs[1].url, "--replica-url", blobs[2].url]
+    return args, blobs, "services (Redis, PostgreSQL, 3 blob-service processes: blobs+ads, replica A, replica B)"
+
+
+# --- the contrib asyncio bootstrap ----------------------------------------------------------------------------
+
+
+def run_under_otel_asyncio(spans_path: str, module: str, argv: Sequence[str]) -> None:
+    """Run ``python -m module argv`` with opentelemetry-instrumentation-asyncio, spans as JSON lines."""
+    import runpy
+    from collections.abc import Sequence as Seq
+
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.asyncio import AsyncioInstrumentor
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class JsonLinesExporter(SpanExporter):
+        """One compact JSON object per span (the SDK's own ``to_json``)."""
+
+        def __init__(self, path: str) -> None:
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in shutdown()
+
+        def export(self, spans: Seq[ReadableSpan]) -> SpanExportResult:
+            self._file.write("".join(span.to_json(indent=None) + "\n" for span in spans))
+            self._file.flush()
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            self._file.close()
+
+    provider = TracerProvider()  # shuts down (and flushes) at exit
+    provider.add_span_processor(BatchSpanProcessor(JsonLinesExporter(spans_path)))
+    trace.set_tracer_provider(provider)
+    AsyncioInstrumentor().instrument(tracer_provider=provider)
+    sys.argv = [module, *argv]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+# --- report --------------------------------------------------------------------------------------------------
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def report(results: Sequence[Measurement], configs: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Print per-round figures, medians and ratios to ``plain``; return the summary."""
+    print(f"\n{'config':<14}{'round':>6}{'req/s':>10}{'p50 ms':>10}{'cpu ms/req':>12}{'app cpu':>9}{'errors':>8}"
+          f"{'spans':>10}{'load avg':>10}")
+    for m in results:
+        print(f"{m.config:<14}{m.round:>6}{m.throughput_rps:>10.1f}{m.p50_ms:>10.1f}"
+              f"{m.app_cpu_ms_per_request:>12.2f}{m.app_cpu_share:>9.2f}{m.errors:>8}{m.spans_lines:>10}"
+              f"{m.load_average:>10.2f}")
+    summary: dict[str, dict[str, float]] = {}
+    base = [m for m in results if m.config == "plain"]
+    print(f"\n{'config':<14}{'median req/s':>14}{'ratio':>8}{'paired ratio':>14}{'median cpu ms/req':>19}{'ratio':>8}")
+    for config in configs:
+        mine = [m for m in results if m.config == config]
+        rps = _median([m.throughput_rps for m in mine])
+        cpu = _median([m.app_cpu_ms_per_request for m in mine])
+        base_rps = _median([m.throughput_rps for m in base])
+        base_cpu = _median([m.app_cpu_ms_per_request for m in base])
+        # Paired: this config against plain in the same round, which cancels slow drifts of the machine.
+        paired = _median([m.throughput_rps / b.throughput_rps for m in mine for b in base
+                           if b.round == m.round and b.throughput_rps > 0])
+        summary[config] = {"median_rps": rps, "ratio_to_plain": rps / base_rps if base_rps else float("nan"),
+                           "paired_ratio_to_plain": paired, "median_cpu_ms_per_request": cpu,
+                           "cpu_ratio_to_plain": cpu / base_cpu if base_cpu else float("nan")}
+        s = summary[config]
+        print(f"{config:<14}{rps:>14.1f}{s['ratio_to_plain']:>8.3f}{paired:>14.3f}{cpu:>19.2f}"
+              f"{s['cpu_ratio_to_plain']:>8.3f}")
+    for config in configs:
+        if config != "plain":
+            loss = 100 * (1 - summary[config]["ratio_to_plain"])
+            print(f"{config}/plain throughput ratio: {summary[config]['ratio_to_plain']:.3f} "
+                  f"({loss:.1f}% loss; paired {summary[config]['paired_ratio_to_plain']:.3f})")
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--run-under-otel-asyncio"]:
+        run_under_otel_asyncio(argv[1], argv[2], argv[3:])
+        return
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per configuration and round")
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds of load first")
+    p.add_argument("--users", type=int, default=32, help="closed-loop users (enough to saturate the app)")
+    p.add_argument("--pages", type=int, default=20, help="index pages requested at random (/?page=1..N)")
+    p.add_argument("--backend", choices=("auto", "services", "embedded"), default="auto",
+                   help="services: Redis, PostgreSQL and blob-service processes; embedded: the app's defaults")
+    p.add_argument("--client", choices=("auto", "wrk", "aiohttp"), default="auto")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
+    p.add_argument("--app-arg", action="append", default=[], help="extra argument for the app (repeatable)")
+    p.add_argument("--json", type=Path, help="also write all measurements and the summary here")
+    args = p.parse_args(argv)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for config in configs:
+        if config not in CONFIGS:
+            p.error(f"--configs: unknown configuration {config!r}; choose from {', '.join(CONFIGS)}")
+    if "plain" not in configs:
+        configs.insert(0, "plain")
+    if "perfcast" in configs and find_spec("collector.__main__") is None:
+        print("perfcast collector not runnable yet (no collector/__main__.py): skipping that configuration")
+        configs.remove("perfcast")
+    if args.client == "auto":
+        args.client = "wrk" if shutil.which("wrk") else "aiohttp"
+
+    app_args, deps, backend = _start_dependencies(args.backend)
+    app_args = ["--port", "0", *app_args, *args.app_arg]
+    print(f"machine: {psutil.cpu_count()} logical CPUs ({platform.processor() or platform.machine()}), "
+          f"load average {os.getloadavg()[0]:.2f}; Python {platform.python_version()}; nothing pinned:\n"
+          f"  the app, its dependencies and the load client share these CPUs")
+    print(f"backend: {backend}\nclient: {args.client}, {args.users} closed-loop users, {args.duration:g} s "
+          f"measured after {args.warmup:g} s warm-up, pages 1..{args.pages}\n"
+          f"configs: {', '.join(configs)}, interleaved, {args.rounds} rounds")
+    results: list[Measurement] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="perfcast-overhead-") as tmp:
+            for rnd in range(1, args.rounds + 1):
+                for config in configs:
+                    m = measure(config, rnd, app_args, args, Path(tmp))
+                    results.append(m)
+                    print(f"  round {rnd} {config:<13} {m.throughput_rps:8.1f} req/s  "
+                          f"p50 {m.p50_ms:7.1f} ms  cpu {m.app_cpu_ms_per_request:6.2f} ms/req "
+                          f"({m.app_cpu_share:.2f} core)  errors {m.errors}  spans {m.spans_lines}  "
+                          f"load {m.load_average:.1f}", flush=True)
+    finally:
+        for dep in deps:
+            dep.stop()
+    summary = report(results, configs)
+    if args.json:
+        args.json.write_text(json.dumps({"measurements": [asdict(m) for m in results], "summary": summary,
+                                         "backend": backend, "client": args.client, "users": args.users,
+                                         "duration_s": args.duration, "rounds": args.rounds}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

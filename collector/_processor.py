@@ -1,0 +1,125 @@
+"""The span processor that ties spans to tasks and completes I/O spans, in front of the export queue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import SpanKind
+
+from collector import _io, _runtime, _tasks
+from collector import attributes as A
+
+_SCOPES: dict[str, str] = {
+    "opentelemetry.instrumentation.aiohttp_server": "request",
+    "opentelemetry.instrumentation.redis": "redis",
+    "opentelemetry.instrumentation.asyncpg": "postgresql",
+    "opentelemetry.instrumentation.aiohttp_client": "http",
+    "opentelemetry.instrumentation.sqlite3": "sqlite",
+}
+
+
+class CausalSpanProcessor(SpanProcessor):
+    """Adds ``perfcast.*`` attributes to spans and forwards finished spans to bounded export processors.
+
+    ``on_start`` tags every span started in a task step with the task id and step, classifies the spans of
+    the contrib instrumentations (``request``, ``io``, ``blocking``) and opens the I/O measurement state;
+    ``_on_ending`` (the SDK hook run while a span ends) writes the measured I/O attributes.
+    """
+
+    def __init__(self, downstream: list[Any]) -> None:
+        self.downstream = downstream
+        self.dropped = 0
+        self._io: dict[int, _io.IoState] = {}
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        try:
+            attrs = span.attributes or {}
+            rec = _tasks.CURRENT
+            if rec is not None and A.TASK_ID not in attrs:
+                span.set_attribute(A.TASK_ID, rec.id)
+                span.set_attribute(A.TASK_STEP, rec.n)
+                if rec.started is None:
+                    rec.started = span
+            scope = span.instrumentation_scope.name if span.instrumentation_scope is not None else ""
+            role = _SCOPES.get(scope)
+            if role is None:
+                if attrs.get(A.KIND) == "io":
+                    self._open_io(span, str(attrs.get(A.IO_SYSTEM, "")), rec)
+                return
+            if role == "request":
+                if span.kind is SpanKind.SERVER:
+                    span.set_attribute(A.KIND, "request")
+                    span.set_attribute(A.ROUTE, span.name)
+                return
+            if role == "sqlite" and _io._get_running_loop() is not None:
+                span.set_attribute(A.KIND, "blocking")
+                span.set_attribute(A.BLOCKING_CALL, "sqlite3.execute")
+            else:
+                span.set_attribute(A.KIND, "io")
+            self._open_io(span, role, rec)
+        except Exception:
+            _runtime.count_error("on_start")
+
+    def _open_io(self, span: Span, system: str, rec: Any) -> None:
+        state = _io.IoState(system=system, rec=rec)
+        self._io[span.context.span_id] = state
+        if rec is not None and span.attributes.get(A.KIND) == "io":
+            rec.io_stack.append(state)
+
+    def _on_ending(self, span: Span) -> None:
+        state = self._io.pop(span.context.span_id, None)
+        if state is None:
+            return
+        try:
+            state.open = False
+            rec = state.rec
+            if rec is not None and state in rec.io_stack:
+                rec.io_stack.remove(state)
+            attrs = span.attributes or {}
+            extra: dict[str, Any] = {}
+            if A.IO_RESOURCE not in attrs:
+                extra = _io.io_attributes(state.system, span.name, attrs)
+            if A.IO_ROUND_TRIPS not in attrs:
+                extra[A.IO_ROUND_TRIPS] = state.round_trips
+                extra[A.IO_REQUEST_BYTES] = state.request_bytes
+                if state.measured_response:
+                    extra[A.IO_RESPONSE_BYTES] = state.response_bytes
+            _set_on_ended(span, extra)
+        except Exception:
+            _runtime.count_error("on_ending")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        for processor in self.downstream:
+            try:
+                queue = processor._batch_processor._queue
+                if len(queue) >= queue.maxlen:
+                    self.dropped += 1
+            except AttributeError:
+                pass
+            processor.on_end(span)
+
+    def shutdown(self) -> None:
+        for processor in self.downstream:
+            processor.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return all(processor.force_flush(timeout_millis) for processor in self.downstream)
+
+
+def _set_on_ended(span: Span, values: dict[str, Any]) -> None:
+    # The SDK freezes attributes before calling _on_ending; perfcast's measurements are only complete then,
+    # so they are written into the (private) bounded attribute map directly.
+    if not values:
+        return
+    bounded = span._attributes
+    if bounded is None:
+        return
+    frozen = getattr(bounded, "_immutable", False)
+    bounded._immutable = False
+    try:
+        for key, value in values.items():
+            bounded[key] = value
+    finally:
+        bounded._immutable = frozen

@@ -1,0 +1,62 @@
+"""Process-wide collector state: the tracer, the settings and the counters of the exit summary.
+
+Hooks run inside the user's app; every hook body catches its own failures and calls ``count_error``,
+so that an internal error is counted and reported at exit, never raised into the app.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry.trace import Tracer
+
+from collector.environment import Settings
+
+logger = logging.getLogger("collector")
+
+tracer: Tracer | None = None
+"""The tracer perfcast's own spans (task chunks, sync points, blocking calls) are made with."""
+
+settings: Settings = Settings()
+
+emit: Callable[[Any], None] | None = None
+"""Hands a finished ``ReadableSpan`` to the export pipeline (``task`` chunks are built directly as
+ReadableSpans: the SDK's per-element validation of their step arrays would cost more than the steps)."""
+resource: Any = None
+scope: Any = None
+
+clock_offset_ns: int = time.time_ns() - time.perf_counter_ns()
+"""Unix ns = perf_counter_ns + clock_offset_ns; taken once, in ``instrument()``."""
+
+internal_errors: int = 0
+untraced_steps: int = 0
+_logged: int = 0
+
+
+def count_error(where: str) -> None:
+    """Count an internal error (called from an ``except`` block); log the first few with their traceback."""
+    global internal_errors, _logged
+    internal_errors += 1
+    if _logged < 5:
+        _logged += 1
+        logger.debug("perfcast internal error in %s", where, exc_info=True)
+
+
+def reset(
+    new_settings: Settings,
+    new_tracer: Tracer | None,
+    new_emit: Callable[[Any], None] | None = None,
+    new_resource: Any = None,
+    new_scope: Any = None,
+) -> None:
+    """Start a new collection: new settings, tracer, clock offset and zeroed counters."""
+    global settings, tracer, emit, resource, scope, clock_offset_ns, internal_errors, untraced_steps, _logged
+    settings = new_settings
+    tracer = new_tracer
+    emit, resource, scope = new_emit, new_resource, new_scope
+    clock_offset_ns = time.time_ns() - time.perf_counter_ns()
+    internal_errors = untraced_steps = _logged = 0

@@ -1,0 +1,98 @@
+"""The ``PERFCAST_*`` environment variables, their defaults, and the settings object read from them.
+
+The launcher (``perfcast collect``) passes its options to the instrumented program through these variables;
+``sitecustomize`` reads them once, in ``instrument()``, never on each call.
+
+======================== ============================ =====================================================
+variable                 default                      meaning
+======================== ============================ =====================================================
+PERFCAST_OUTPUT          ``spans.jsonl``              OTLP JSON-lines file; empty: no file
+PERFCAST_MAX_QUEUE       ``65536``                    bounded export queue, in spans (full: spans dropped)
+PERFCAST_CHUNK_STEPS     ``512``                      task steps per ``task`` chunk span
+PERFCAST_RESOURCE_NAMES  (none)                       ``name=url,name=url``: names for I/O resources
+PERFCAST_SERVICE_NAME    the program's name           ``service.name`` of the OTel resource
+PERFCAST_QUIET           ``0``                        ``1``: no exit summary line on stderr
+======================== ============================ =====================================================
+
+The standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` turn on OTLP/HTTP export.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+OUTPUT: str = "PERFCAST_OUTPUT"
+MAX_QUEUE: str = "PERFCAST_MAX_QUEUE"
+CHUNK_STEPS: str = "PERFCAST_CHUNK_STEPS"
+RESOURCE_NAMES: str = "PERFCAST_RESOURCE_NAMES"
+SERVICE_NAME: str = "PERFCAST_SERVICE_NAME"
+QUIET: str = "PERFCAST_QUIET"
+BOOTSTRAP_DIR: str = "PERFCAST_BOOTSTRAP_DIR"
+"""Set by the launcher: the ``sitecustomize`` directory, removed from PYTHONPATH for grandchildren."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Collector settings, fixed at ``instrument()`` time."""
+
+    output: str | None = "spans.jsonl"
+    """OTLP JSON-lines file, or None for no file."""
+    max_queue: int = 65536
+    """Capacity of the export queue, in spans."""
+    chunk_steps: int = 512
+    """Steps per ``task`` chunk span."""
+    resource_names: Mapping[str, str] = field(default_factory=dict)
+    """Resource URL -> name given to it (``perfcast.io.resource_name``)."""
+    service_name: str | None = None
+    """``service.name`` of the OTel resource; None: OTel's default."""
+    quiet: bool = False
+    """No exit summary line."""
+    otlp_http: bool = False
+    """Also export over OTLP/HTTP (the standard OTEL_EXPORTER_OTLP_* variables configure it)."""
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
+        if self.chunk_steps < 1:
+            raise ValueError(f"chunk_steps must be >= 1, got {self.chunk_steps}")
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}: expected an integer, got {raw!r}") from None
+
+
+def parse_resource_names(raw: str) -> dict[str, str]:
+    """Parse ``name=url,name=url`` into ``{url: name}``.
+
+    >>> parse_resource_names("cache=redis://127.0.0.1:6379/0")
+    {'redis://127.0.0.1:6379/0': 'cache'}
+    """
+    names: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url:
+            raise ValueError(f"{RESOURCE_NAMES}: expected name=url, got {item!r}")
+        names[url] = name
+    return names
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """Read the ``PERFCAST_*`` variables (``os.environ`` by default) into a ``Settings``."""
+    env = os.environ if env is None else env
+    return Settings(
+        output=env.get(OUTPUT, "spans.jsonl") or None,
+        max_queue=_int(env, MAX_QUEUE, 65536),
+        chunk_steps=_int(env, CHUNK_STEPS, 512),
+        resource_names=parse_resource_names(env.get(RESOURCE_NAMES, "")),
+        service_name=env.get(SERVICE_NAME) or None,
+        quiet=env.get(QUIET, "0") not in ("", "0"),
+        otlp_http=bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")),
+    )

@@ -1,0 +1,272 @@
+"""Building causal graphs from hand-written requests: node ids, edges, wait modes, variants, durations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from spanfactory import Trace, cache_hit_request, gather_request, race_request, write
+
+from analyzer.build import build_graphs, request_graph
+from analyzer.graph import CausalGraph, NodeKind, WaitMode, dump_graphs, load_graphs
+from analyzer.selfcheck import self_check
+from analyzer.spans import read_spans
+
+
+def graphs_of(tmp_path: Path, *traces: Trace) -> list[CausalGraph]:
+    got = read_spans(write(tmp_path / "spans.jsonl", *traces))
+    assert got.problems == ()
+    return build_graphs(got)
+
+
+def preds(graph: CausalGraph, node_id: str) -> set[str]:
+    return set(graph.predecessors(node_id))
+
+
+def test_gather_graph_structure_and_durations(tmp_path: Path) -> None:
+    [g] = graphs_of(tmp_path, gather_request(), gather_request(shift=20, sql_ms=4.0, base=100))
+    assert g.route == "GET /" and g.count == 2 and g.latency_ms == pytest.approx((7.0, 7.5))
+    io = g.node("root/io0")
+    assert (io.kind, io.api, io.resource, io.system) == (NodeKind.IO, "redis GET", "redis://127.0.0.1:6379/0", "redis")
+    assert io.samples_ms == pytest.approx((1.8, 1.8)) and io.round_trips == (1, 1)
+    assert preds(g, "root/c0") == {"start"} and preds(g, "root/io0") == {"root/c0"}
+    # both children are created during the step of root/c1, and the gather waits for both and for root/c1
+    assert preds(g, "root/gather#0[0]/c0") == {"root/c1"} and preds(g, "root/gather#0[1]/c0") == {"root/c1"}
+    assert preds(g, "root/gather#0") == {"root/c1", "root/gather#0[0]/c1", "root/gather#0[1]/c1"}
+    sync = g.node("root/gather#0")
+    assert sync.kind is NodeKind.SYNC and sync.wait is WaitMode.ALL
+    assert sync.samples_ms == pytest.approx((0.1, 0.1))  # resume - the last child's finish
+    sql = g.node("root/gather#0[0]/io0")
+    assert sql.api == "postgresql SELECT posts" and sql.samples_ms == pytest.approx((3.5, 4.0))
+    # the blob task first ran 0.2 ms after it could have (the loop ran the SQL task first)
+    assert g.node("root/gather#0[1]/c0").extra["ready_ms"] == pytest.approx([0.2, 0.2])
+    assert g.node("root/gather#0[1]/c0").samples_ms == pytest.approx((0.25, 0.25))
+    assert preds(g, "end") == {"root/c2"}
+    assert g.trace_ids[1] != g.trace_ids[0]
+    assert self_check(g).max() < 0.01
+
+
+def test_compute_cpu_is_pro_rated(tmp_path: Path) -> None:
+    t = Trace("GET /cpu")
+    t.request(0, 3, 1)
+    t.task(1, [(0, 1.0, "io"), (2.0, 0.9, "done")], cpu=0.5)
+    t.io(1, 0, 0.4, 2.1)
+    [g] = graphs_of(tmp_path, t)
+    assert [n.id for n in g.nodes if n.kind is NodeKind.COMPUTE] == ["root/c0", "root/c1"]
+    assert g.node("root/c0").samples_ms == pytest.approx((0.4,)) and g.node("root/c0").cpu_ms == pytest.approx((0.2,))
+    assert g.node("root/c1").samples_ms == pytest.approx((0.8,)) and g.node("root/c1").cpu_ms == pytest.approx((0.4,))
+
+
+def test_control_flow_variants_are_separate_with_counts(tmp_path: Path) -> None:
+    graphs = graphs_of(tmp_path, gather_request(), cache_hit_request(shift=10), gather_request(shift=20),
+                       gather_request(shift=40, base=7), cache_hit_request("GET /other", shift=60))
+    assert [(g.route, g.variant, g.count) for g in graphs] == [("GET /", 0, 3), ("GET /", 1, 1), ("GET /other", 0, 1)]
+    assert "root/gather#0" not in graphs[1].dag and "root/gather#0" in graphs[0].dag
+    for g in graphs:
+        assert self_check(g).max() < 0.01
+
+
+def test_race_is_an_any_wait_and_the_winner_decides(tmp_path: Path) -> None:
+    [g] = graphs_of(tmp_path, race_request(), race_request(shift=10, win=4.0, lose=2.5))
+    sync = g.node("root/wait#0")
+    assert sync.wait is WaitMode.ANY and sync.k == 1
+    # children are named by creation order (asyncio.wait takes a set), not by the order the set listed them
+    assert preds(g, "root/wait#0") == {"root/wait#0[0]/c1", "root/wait#0[1]/c1"}
+    assert g.node("root/wait#0[0]/io0").resource == "postgresql://replica-a:5432/test"
+    assert "root/c0" not in preds(g, "root/wait#0")  # min() over the awaiting task would be wrong
+    assert self_check(g).max() < 0.01
+    assert g.latency_ms == pytest.approx((3.7, 3.2))
+
+
+def wait_for_timed_out(second_label: str = "sync:30") -> Trace:
+    """3.11 asyncio.wait_for(coro, 2 ms): the coroutine runs in task 2, the timer fires at 2.29 ms."""
+    t = Trace("GET /slow")
+    t.request(0, 3.0, 1)
+    t.task(1, [(0, 0.3, "sync:30"), (2.32, 0.02, second_label), (2.5, 0.4, "done")], coro="slow")
+    t.task(2, [(0.35, 0.1, "io"), (2.36, 0.1, "done")], parent=1, spawn_step=0, created=0.2)
+    t.io(2, 0, 0.4, 2.42, "http", "GET /blob/{id}", "http://127.0.0.1:8081")
+    t.sync(30, "wait_for", "any", [2], task=1, step=0, start=0.29, end=2.3, timeout=2.0, timed_out=True,
+           resume_step=1)
+    return t
+
+
+@pytest.mark.parametrize("second_label", ["sync:30", "future"])
+def test_wait_for_timeout_races_a_timer(tmp_path: Path, second_label: str) -> None:
+    [g] = graphs_of(tmp_path, wait_for_timed_out(second_label))
+    timer = g.node("root/wait_for#0/timer")
+    assert timer.kind is NodeKind.TIMER and timer.timeout_ms == pytest.approx(2.0)
+    assert timer.samples_ms == pytest.approx((2.0,))  # the configured timeout
+    assert preds(g, "root/wait_for#0/timer") == {"root/c0"}
+    assert preds(g, "root/wait_for#0") == {"root/wait_for#0[0]/c1", "root/wait_for#0/timer"}
+    assert g.node("root/wait_for#0").wait is WaitMode.ANY
+    assert self_check(g).max() < 0.01
+
+
+def test_inline_timeout_body_races_the_timer(tmp_path: Path) -> None:
+    t = Trace("GET /timeout")
+    t.request(0, 1.7, 1)
+    t.task(1, [(0, 0.5, "io"), (1.25, 0.35, "done")], coro="timeout")
+    t.io(1, 0, 0.3, 1.35)  # cancelled when the timer fired at 1.2
+    t.sync(40, "timeout", "any", [], task=1, step=0, start=0.2, end=1.4, timeout=1.0, timed_out=True,
+           resume_step=1, body_first_step=0)
+    [g] = graphs_of(tmp_path, t)
+    assert [n.id for n in g.nodes if n.task == "root"] == [
+        "root/c0", "root/c1", "root/io0", "root/c2", "root/timeout#0", "root/c3", "root/timeout#0/timer"]
+    assert preds(g, "root/timeout#0/timer") == {"root/c0"}  # the timer starts where the body starts
+    assert preds(g, "root/timeout#0") == {"root/c2", "root/timeout#0/timer"}
+    assert g.node("root/timeout#0/timer").samples_ms == pytest.approx((1.0,))
+    assert self_check(g).max() < 0.01
+
+
+def taskgroup_request() -> Trace:
+    t = Trace("GET /tg")
+    t.request(0, 3.6, 1)
+    t.task(1, [(0, 0.4, "io"), (1.5, 0.2, "sync:50"), (2.15, 0.05, "sync:50"), (3.15, 0.35, "done")], coro="tg")
+    t.io(1, 0, 0.39, 1.55)
+    t.task(2, [(0.4, 0.1, "io"), (2.0, 0.1, "done")], parent=1, spawn_step=0, created=0.2)
+    t.io(2, 0, 0.45, 2.0)
+    t.task(3, [(0.5, 0.1, "io"), (3.0, 0.1, "done")], parent=1, spawn_step=0, created=0.3)
+    t.io(3, 0, 0.55, 3.0)
+    t.sync(50, "taskgroup", "all", [2, 3], task=1, step=0, start=0.1, end=3.12, resume_step=3, body_first_step=0)
+    return t
+
+
+def test_taskgroup_waits_for_children_and_body(tmp_path: Path) -> None:
+    [g] = graphs_of(tmp_path, taskgroup_request())
+    assert preds(g, "root/taskgroup#0") == {"root/c1", "root/taskgroup#0[0]/c1", "root/taskgroup#0[1]/c1"}
+    # the two suspensions of __aexit__ are one node
+    assert [n.id for n in g.nodes if n.kind is NodeKind.SYNC] == ["root/taskgroup#0"]
+    assert g.node("root/taskgroup#0").samples_ms == pytest.approx((0.05,))  # resume - the last child's finish
+    assert preds(g, "root/taskgroup#0[0]/c0") == {"root/c0"}
+    assert self_check(g).max() < 0.01
+
+
+def test_fire_and_forget_task_does_not_lead_to_end(tmp_path: Path) -> None:
+    t = Trace("POST /post")
+    t.request(0, 1.3, 1)
+    t.task(1, [(0, 0.3, "io"), (1.0, 0.2, "done")])
+    t.io(1, 0, 0.2, 1.0)
+    t.task(2, [(0.3, 0.1, "io"), (5.0, 0.1, "done")], parent=1, spawn_step=0, created=0.1, coro="notify")
+    t.io(2, 0, 0.35, 5.0, "redis", "PUBLISH")
+    [g] = graphs_of(tmp_path, t)
+    assert preds(g, "root/spawn#0/c0") == {"root/c0"}
+    assert g.node("root/spawn#0/io0").samples_ms == pytest.approx((4.65,))
+    import networkx as nx
+    assert "root/spawn#0/c1" not in nx.ancestors(g.dag, "end")
+    assert self_check(g).max() < 0.01
+
+
+def test_task_await_sleep_and_unattributed_wait(tmp_path: Path) -> None:
+    t = Trace("GET /misc")
+    t.request(0, 2.8, 1)
+    t.task(1, [(0, 0.3, "task:2"), (1.55, 0.25, "future"), (2.5, 0.2, "done")])
+    t.task(2, [(0.3, 0.1, "sleep:1000000"), (1.45, 0.05, "done")], parent=1, spawn_step=0, created=0.1)
+    [g] = graphs_of(tmp_path, t)
+    join = g.node("root/join#0")
+    assert join.kind is NodeKind.SYNC and preds(g, "root/join#0") == {"root/c0", "root/spawn#0/c1"}
+    assert join.samples_ms == pytest.approx((0.05,))
+    assert g.node("root/spawn#0/t0").kind is NodeKind.TIMER
+    assert g.node("root/spawn#0/t0").samples_ms == pytest.approx((1.05,))
+    assert g.node("root/w0").kind is NodeKind.WAIT and g.node("root/w0").samples_ms == pytest.approx((0.7,))
+    assert self_check(g).max() < 0.01
+
+
+def test_keep_alive_root_task_is_clipped_to_the_request(tmp_path: Path) -> None:
+    t = Trace("GET /k")
+    t.request(10.2, 12.0, 1)
+    # steps before and after the request window belong to the connection, not to this request
+    t.task(1, [(9.0, 0.5, "future"), (10.0, 0.6, "io"), (11.5, 0.4, "future"), (13.0, 1.0, "future")], first=40)
+    t.io(1, 41, 10.4, 11.6)
+    [g] = graphs_of(tmp_path, t)
+    assert g.node("root/c0").samples_ms == pytest.approx((0.2,))
+    assert g.node("start").samples_ms == pytest.approx((0.0,))
+    # the request span ended while the task waited (writing the response): that wait is clipped to the window
+    assert g.node("root/w0").samples_ms == pytest.approx((0.1,))
+    assert [n.id for n in g.nodes if n.task == "root"] == ["root/c0", "root/io0", "root/c1", "root/w0", "root/c2"]
+    assert g.node("root/c2").samples_ms == (0.0,) and preds(g, "end") == {"root/c2"}
+    assert self_check(g).max() < 0.01
+
+
+def test_graphs_round_trip_through_the_file(tmp_path: Path) -> None:
+    graphs = graphs_of(tmp_path, gather_request(), race_request(), taskgroup_request())
+    dump_graphs(graphs, tmp_path / "g.json")
+    back = load_graphs(tmp_path / "g.json")
+    assert [g.to_json() for g in back] == [g.to_json() for g in graphs]
+    assert back[0].node("root/gather#0[1]/c0").extra["ready_ms"] == pytest.approx([0.2])
+    for g in back:
+        assert np.all(self_check(g) < 0.01)
+
+
+def test_request_graph_shape_ignores_durations() -> None:
+    from analyzer import spans
+
+    reqs = spans.assemble_requests(gather_request().spans() + gather_request(shift=9, sql_ms=1.0, base=50).spans())
+    a, b = (request_graph(r) for r in reqs)
+    assert a.shape() == b.shape()
+    assert a.nodes["root/gather#0[0]/io0"].samples_ms != b.nodes["root/gather#0[0]/io0"].samples_ms
+
+
+def test_as_completed_ranks_and_the_awaiting_task_arrival(tmp_path: Path) -> None:
+    t = Trace("GET /ac")
+    t.request(0, 3.5, 1)
+    t.task(1, [(0, 0.3, "sync:60"), (2.15, 0.35, "sync:61"), (3.15, 0.25, "done")])
+    t.task(2, [(0.3, 0.1, "io"), (2.0, 0.1, "done")], parent=1, spawn_step=0, created=0.1)
+    t.io(2, 0, 0.35, 2.0)
+    t.task(3, [(0.4, 0.1, "io"), (3.0, 0.1, "done")], parent=1, spawn_step=0, created=0.2)
+    t.io(3, 0, 0.45, 3.0)
+    t.sync(60, "as_completed", "any", [2, 3], k=1, task=1, step=0, start=0.25, end=2.12, resume_step=1)
+    t.sync(61, "as_completed", "any", [2, 3], k=2, task=1, step=1, start=2.45, end=3.12, resume_step=2)
+    [g] = graphs_of(tmp_path, t)
+    first, second = g.node("root/as_completed#0"), g.node("root/as_completed#1")
+    assert (first.wait, first.k, second.wait, second.k) == (WaitMode.ANY, 1, WaitMode.ANY, 2)
+    assert preds(g, second.id) == {"root/as_completed#0[0]/c1", "root/as_completed#0[1]/c1"}
+    # the task that waits for the second result also had to finish handling the first one
+    assert preds(g, "root/c2") == {second.id, "root/c1"}
+    assert self_check(g).max() < 0.01
+
+
+def test_wait_all_with_a_timeout_races_an_all_node_against_the_timer(tmp_path: Path) -> None:
+    t = Trace("GET /wt")
+    t.request(0, 1.6, 1)
+    t.task(1, [(0, 0.3, "sync:70"), (1.3, 0.2, "done")])
+    t.task(2, [(0.3, 0.1, "io"), (0.8, 0.1, "done")], parent=1, spawn_step=0, created=0.1)
+    t.io(2, 0, 0.35, 0.8)
+    t.task(3, [(0.4, 0.1, "io"), (3.0, 0.1, "done")], parent=1, spawn_step=0, created=0.2)  # outlives the wait
+    t.io(3, 0, 0.45, 3.0)
+    t.sync(70, "wait", "all", [2, 3], task=1, step=0, start=0.29, end=1.3, timeout=1.0, timed_out=True,
+           resume_step=1)
+    [g] = graphs_of(tmp_path, t)
+    assert preds(g, "root/wait#0/all") == {"root/c0", "root/wait#0[0]/c1", "root/wait#0[1]/c1"}
+    assert preds(g, "root/wait#0") == {"root/wait#0/all", "root/wait#0/timer"}
+    assert g.node("root/wait#0").wait is WaitMode.ANY
+    assert self_check(g).max() < 0.01
+    # were the timer forgotten, the request would wait for the slow task
+    broken = CausalGraph(g.route, g.nodes, [e for e in g.dag.edges if e != ("root/wait#0/timer", "root/wait#0")],
+                         latency_ms=g.latency_ms)
+    assert self_check(broken).max() > 0.5
+
+
+def lock_wait_request(shift: float, waits: bool) -> Trace:
+    """A request whose task waits for a connection pool in some requests only."""
+    t = Trace("GET /pool")
+    t.request(shift, shift + 3.0, 1)
+    steps = [(shift, 0.2, "future"), (shift + 1.0, 0.3, "io"), (shift + 2.5, 0.4, "done")] if waits else \
+        [(shift, 0.5, "io"), (shift + 2.5, 0.4, "done")]
+    t.task(1, steps)
+    t.io(1, 1 if waits else 0, shift + 1.2 if waits else shift + 0.4, shift + 2.6)
+    return t
+
+
+def test_unattributed_waits_make_variants_unless_folded(tmp_path: Path) -> None:
+    traces = [lock_wait_request(0, True), lock_wait_request(10, False), lock_wait_request(20, True)]
+    plain = graphs_of(tmp_path, *traces)
+    assert [(g.variant, g.count) for g in plain] == [(0, 2), (1, 1)]
+    assert plain[0].node("root/w0").samples_ms == pytest.approx((0.8, 0.8))
+    folded = build_graphs(read_spans(tmp_path / "spans.jsonl"), fold_waits=True)
+    [g] = folded
+    assert g.count == 3 and not any(n.kind is NodeKind.WAIT for n in g.nodes)
+    c0 = g.node("root/c0")
+    assert c0.samples_ms == pytest.approx((1.2, 0.4, 1.2)) and c0.extra["wait_ms"] == pytest.approx([0.8, 0, 0.8])
+    assert c0.cpu_ms == pytest.approx((0.4, 0.4, 0.4))
+    assert self_check(g).max() < 1e-9 and all(self_check(v).max() < 1e-9 for v in plain)

@@ -1,0 +1,250 @@
+"""The what-if engine on hand-built graphs whose answers can be worked out by hand, with a real profile store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analyzer.errors import GraphError, ProfileError, ScenarioError
+from analyzer.graph import CausalGraph, Node, NodeKind, WaitMode
+from analyzer.predict import predict
+from analyzer.profiles import ProfileKey, ProfileStore
+
+REDIS = "redis://127.0.0.1:6379/0"
+PG = "postgresql://127.0.0.1:5432/test"
+
+
+def io(node_id: str, samples: list[float], *, trips: int | list[int] = 1, system: str = "redis",
+       api: str = "redis GET", payload: list[int] | None = None) -> Node:
+    n = len(samples)
+    rt = [trips] * n if isinstance(trips, int) else trips
+    return Node(node_id, NodeKind.IO, tuple(samples), api=api, resource=REDIS if system == "redis" else PG,
+                system=system, round_trips=tuple(rt), response_bytes=tuple(payload or ()))
+
+
+def compute(node_id: str, samples: list[float], cpu: list[float] | None = None) -> Node:
+    return Node(node_id, NodeKind.COMPUTE, tuple(samples), cpu_ms=tuple(cpu or ()))
+
+
+def graph(route: str, nodes: list[Node], edges: list[tuple[str, str]], *, variant: int = 0) -> CausalGraph:
+    n = len(nodes[0].samples_ms)
+    ends = [Node("start", NodeKind.START, (0.0,) * n), Node("end", NodeKind.END, (0.0,) * n)]
+    return CausalGraph(route, ends + nodes, edges, variant=variant, latency_ms=[1.0] * n)
+
+
+def gather() -> CausalGraph:
+    """start -> {a: redis (1 or 2 ms, 1 round trip), b: postgresql 3 ms, 2 round trips} -> j -> c (1 ms) -> end."""
+    return graph("GET /", [
+        io("a", [1.0, 2.0] * 50), io("b", [3.0] * 100, trips=2, system="postgresql", api="postgresql SELECT posts"),
+        Node("j", NodeKind.SYNC, (0.0,) * 100), compute("c", [1.0] * 100, cpu=[0.4] * 100),
+    ], [("start", "a"), ("start", "b"), ("a", "j"), ("b", "j"), ("j", "c"), ("c", "end")])
+
+
+def values(dist: object) -> set[float]:
+    return {round(float(x), 9) for x in dist.samples_ms}  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ProfileStore]:
+    with ProfileStore(tmp_path / "profiles.db") as s:
+        yield s
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+class TestBaselineAndLocation:
+    def test_untouched_is_the_baseline(self) -> None:
+        (p,) = predict([gather()], "interference:cpu=0", samples=2000, rng=rng())
+        assert values(p.baseline) == {4.0}  # max(a, b) + c = 3 + 1 whatever a is
+        np.testing.assert_array_equal(p.predicted.samples_ms, p.baseline.samples_ms)
+        assert p.requests == 100 and p.observed is not None
+
+    def test_added_rtt_times_round_trips(self) -> None:
+        # postgresql makes 2 round trips: +5 ms each -> b = 13, latency = 13 + 1
+        (p,) = predict([gather()], "location:postgresql=+5ms", samples=2000, rng=rng())
+        assert values(p.predicted) == {14.0}
+        # redis: 1 round trip, +20 -> a = 21 or 22 > b, latency 22 or 23, both drawn
+        (p,) = predict([gather()], "location:redis=+20ms", samples=2000, rng=rng())
+        assert values(p.predicted) == {22.0, 23.0}
+        sources = {s.node: s for s in p.sources[0][1]}
+        assert sources["a"].source == "model" and "round trips" in sources["a"].how
+        assert sources["b"].source == "baseline"
+
+    def test_round_trips_vary_per_request(self) -> None:
+        g = graph("GET /", [io("a", [1.0, 1.0], trips=[1, 3])], [("start", "a"), ("a", "end")])
+        (p,) = predict([g], "location:redis=+10ms", samples=1000, rng=rng())
+        assert values(p.predicted) == {11.0, 31.0}
+
+    def test_moving_closer_never_goes_negative(self) -> None:
+        (p,) = predict([gather()], "location:redis=-50ms", samples=500, rng=rng())
+        assert values(p.predicted) == {4.0}
+
+    def test_missing_round_trips_is_an_error(self) -> None:
+        g = graph("GET /", [Node("a", NodeKind.IO, (1.0,), api="redis GET", resource=REDIS, system="redis")],
+                  [("start", "a"), ("a", "end")])
+        with pytest.raises(ScenarioError, match="'a'.*no round-trip counts"):
+            predict([g], "location:redis=+1ms", rng=rng())
+
+    def test_rtt_profile_per_round_trip(self, store: ProfileStore) -> None:
+        store.add(ProfileKey.make("rtt", REDIS, {"location": "eu"}), [10.0] * 20)
+        g = graph("GET /", [io("a", [1.0, 1.0], trips=[1, 3])], [("start", "a"), ("a", "end")])
+        (p,) = predict([g], "location:redis=eu", store, samples=1000, rng=rng())
+        assert values(p.predicted) == {11.0, 31.0}
+        # with the baseline location's RTT known (1 ms), each round trip gains 10 - 1
+        store.add(ProfileKey.make("rtt", REDIS), [1.0] * 20)
+        (p,) = predict([g], "location:redis=eu", store, samples=1000, rng=rng())
+        assert values(p.predicted) == {10.0, 28.0}
+        with pytest.raises(ProfileError, match="rtt"):
+            predict([g], "location:redis=asia", store, rng=rng())
+
+
+class TestProfiles:
+    def test_tier_takes_the_profile(self, store: ProfileStore) -> None:
+        store.add(ProfileKey.make("redis GET", REDIS, {"tier": "C2"}), [0.5, 0.25])
+        (p,) = predict([graph("GET /", [io("a", [4.0] * 10)], [("start", "a"), ("a", "end")])],
+                       "tier:redis=C2", store, samples=1000, rng=rng())
+        assert values(p.predicted) == {0.5, 0.25}
+        (src,) = [s for s in p.sources[0][1] if s.node == "a"]
+        assert src.source == "profile" and "tier=C2" in src.how
+
+    def test_missing_tier_names_what_exists(self, store: ProfileStore) -> None:
+        store.add(ProfileKey.make("redis GET", REDIS, {"tier": "C2"}), [0.5])
+        with pytest.raises(ProfileError, match="tier=C6.*C2"):
+            predict([gather()], "tier:redis=C6", store, rng=rng())
+        with pytest.raises(ProfileError, match="needs a profile store"):
+            predict([gather()], "tier:redis=C2", None, rng=rng())
+
+    def test_size_interpolates_the_parameterised_profile(self, store: ProfileStore) -> None:
+        for size, ms in ((1e6, 10.0), (1e7, 100.0)):
+            store.add(ProfileKey.make("redis GET", REDIS, param="size_bytes", value=size), [ms] * 5)
+        g = graph("GET /", [io("a", [1.0] * 10)], [("start", "a"), ("a", "end")])
+        (p,) = predict([g], "size:redis=5.5MB", store, samples=500, rng=rng())
+        np.testing.assert_allclose(p.predicted.samples_ms, 55.0)
+
+    def test_size_from_the_baseline_per_byte_cost(self) -> None:
+        # recorded: 1 ms + 1 ms per MB, payloads 0.1..1 MB -> at 6 MB: 7 ms
+        payload = [100_000 * (1 + i % 10) for i in range(50)]
+        g = graph("GET /", [io("a", [1.0 + b / 1e6 for b in payload], payload=payload)],
+                  [("start", "a"), ("a", "end")])
+        (p,) = predict([g], "size:redis=6MB", samples=500, rng=rng())
+        np.testing.assert_allclose(p.predicted.samples_ms, 7.0)
+        assert "Theil-Sen" in p.sources[0][1][[s.node for s in p.sources[0][1]].index("a")].how
+
+    def test_size_without_profile_or_spread_says_what_to_do(self) -> None:
+        g = graph("GET /", [io("a", [1.0] * 10, payload=[1000] * 10)], [("start", "a"), ("a", "end")])
+        with pytest.raises(ProfileError, match="no size_bytes profile.*perfcast profile"):
+            predict([g], "size:redis=6MB", rng=rng())
+
+
+class TestInterference:
+    def test_cpu_part_stretches(self) -> None:
+        # c: 1 ms of which 0.4 CPU; 50 % taken -> 0.6 + 0.8 = 1.4; latency 3 + 1.4
+        (p,) = predict([gather()], "interference:cpu=50", samples=500, rng=rng())
+        np.testing.assert_allclose(p.predicted.samples_ms, 4.4)
+
+    def test_without_cpu_time_the_whole_segment_is_cpu(self) -> None:
+        g = graph("GET /", [compute("c", [2.0] * 4)], [("start", "c"), ("c", "end")])
+        (p,) = predict([g], "interference:cpu=75", samples=100, rng=rng())
+        np.testing.assert_allclose(p.predicted.samples_ms, 8.0)
+
+
+class TestMixAndErrors:
+    def test_variants_mix_by_request_count(self) -> None:
+        fast = graph("GET /", [io("a", [1.0] * 300)], [("start", "a"), ("a", "end")], variant=0)
+        slow = graph("GET /", [io("a", [10.0] * 100)], [("start", "a"), ("a", "end")], variant=1)
+        (p,) = predict([fast, slow], "location:redis=+0ms", samples=8000, rng=rng())
+        share = float(np.mean(p.predicted.samples_ms == 10.0))
+        assert 0.22 < share < 0.28
+        assert [v for v, _ in p.sources] == [0, 1]
+
+    def test_one_prediction_per_route(self) -> None:
+        other = graph("POST /", [io("a", [2.0] * 5)], [("start", "a"), ("a", "end")])
+        preds = predict([gather(), other], "location:redis=+1ms", samples=100, rng=rng())
+        assert [p.route for p in preds] == ["GET /", "POST /"]
+        assert values(preds[1].predicted) == {3.0}
+
+    def test_same_seed_same_answer(self) -> None:
+        g = graph("GET /", [io("a", list(np.linspace(1, 9, 50)))], [("start", "a"), ("a", "end")])
+        a, b = (predict([g], "location:redis=+1ms", samples=300, rng=rng(7))[0] for _ in range(2))
+        np.testing.assert_array_equal(a.predicted.samples_ms, b.predicted.samples_ms)
+
+    def test_unknown_resource(self) -> None:
+        with pytest.raises(ScenarioError, match="unknown resource 'mongo'.*postgresql.*redis"):
+            predict([gather()], "location:mongo=+1ms", rng=rng())
+
+    def test_cycle(self) -> None:
+        g = graph("GET /", [io("a", [1.0]), io("b", [1.0])],
+                  [("start", "a"), ("a", "b"), ("b", "a"), ("b", "end")])
+        with pytest.raises(GraphError, match="cycle"):
+            predict([g], "load:2", rng=rng())
+
+    def test_timer_racing_work_takes_its_timeout(self) -> None:
+        timer = Node("t", NodeKind.TIMER, (3.0,) * 10, timeout_ms=50.0)  # recorded: the work won after 3 ms
+        race = Node("race", NodeKind.SYNC, (0.0,) * 10, wait=WaitMode.ANY)
+        g = graph("GET /", [io("a", [3.0] * 10), timer, race],
+                  [("start", "a"), ("start", "t"), ("a", "race"), ("t", "race"), ("race", "end")])
+        (p,) = predict([g], "location:redis=+100ms", samples=200, rng=rng())
+        assert values(p.baseline) == {3.0}
+        assert values(p.predicted) == {50.0}
+
+
+class TestLoad:
+    def test_pure_compute_serialises_on_the_loop(self) -> None:
+        g = graph("GET /", [compute("c", [2.0] * 10)], [("start", "c"), ("c", "end")])
+        for users in (1, 3, 8):
+            (p,) = predict([g], f"load:{users}", samples=500, rng=rng())
+            np.testing.assert_allclose(p.predicted.samples_ms, 2.0 * users)
+
+    def test_pure_io_is_unchanged(self) -> None:
+        g = graph("GET /", [io("a", list(np.linspace(1, 5, 40)))], [("start", "a"), ("a", "end")])
+        (p,) = predict([g], "load:50", samples=2000, rng=rng())
+        assert values(p.predicted) <= values(p.baseline)
+        assert abs(p.predicted.p50 - p.baseline.p50) < 0.3
+
+    def test_pool_queues_calls(self) -> None:
+        g = graph("GET /", [io("a", [1.0] * 10)], [("start", "a"), ("a", "end")])
+        (p,) = predict([g], "load:4?pool.redis=1", samples=400, rng=rng())
+        np.testing.assert_allclose(p.predicted.samples_ms, 4.0)
+        (p,) = predict([g], "load:4?pool.redis=2", samples=400, rng=rng())
+        np.testing.assert_allclose(p.predicted.samples_ms, 2.0)
+
+    def test_think_time_lowers_contention(self) -> None:
+        g = graph("GET /", [compute("c", [1.0] * 10)], [("start", "c"), ("c", "end")])
+        (busy,) = predict([g], "load:4", samples=400, rng=rng())
+        (idle,) = predict([g], "load:4?think=100ms", samples=400, rng=rng())
+        assert idle.predicted.p50 < busy.predicted.p50
+
+    def test_front_end_failure_doubles_the_load(self) -> None:
+        g = graph("GET /", [compute("c", [1.0] * 10)], [("start", "c"), ("c", "end")])
+        (two,) = predict([g], "load:6?replicas=2", samples=300, rng=rng())
+        (one,) = predict([g], "load:6?replicas=2; failure:app", samples=300, rng=rng())
+        np.testing.assert_allclose(two.predicted.samples_ms, 3.0)
+        np.testing.assert_allclose(one.predicted.samples_ms, 6.0)
+        assert any("1 of 2 front ends" in note for note in one.notes)
+
+    def test_concurrency_profile_under_load(self, store: ProfileStore) -> None:
+        for level, ms in ((1, 1.0), (4, 4.0)):
+            store.add(ProfileKey.make("redis GET", REDIS, param="concurrency", value=level), [ms] * 10)
+        g = graph("GET /", [io("a", [1.0] * 10)], [("start", "a"), ("a", "end")])
+        (alone,) = predict([g], "load:1", store, samples=300, rng=rng())
+        (busy,) = predict([g], "load:4", store, samples=300, rng=rng())
+        np.testing.assert_allclose(alone.predicted.samples_ms, 1.0)
+        assert 1.5 < busy.predicted.mean <= 4.0 + 1e-9
+        assert any("concurrency profile" in note for note in busy.notes)
+
+    def test_backend_failure_needs_a_concurrency_profile(self, store: ProfileStore) -> None:
+        g = graph("GET /", [io("a", [1.0] * 10)], [("start", "a"), ("a", "end")])
+        with pytest.raises(ProfileError, match="failure:redis changes nothing"):
+            predict([g], "load:4; failure:redis", store, rng=rng())
+        for level, ms in ((1, 1.0), (2, 2.0), (4, 4.0)):
+            store.add(ProfileKey.make("redis GET", REDIS, param="concurrency", value=level), [ms] * 10)
+        (healthy,) = predict([g], "load:4?think=1ms", store, samples=500, rng=rng())
+        (failed,) = predict([g], "load:4?think=1ms; failure:redis?replicas=2", store, samples=500, rng=rng())
+        # the survivor of two carries twice the calls: every level doubles
+        assert failed.predicted.mean > healthy.predicted.mean
+        assert any("1 of 2 replicas of 'redis'" in note for note in failed.notes)

@@ -1,0 +1,183 @@
+"""The profiler against real endpoints: Redis, PostgreSQL, an in-process aiohttp server, TCP connect RTT."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from analyzer.profiles import ProfileStore
+from analyzer.profiling import (
+    HttpTarget,
+    PostgresTarget,
+    ProfilingError,
+    RedisTarget,
+    RttTarget,
+    StopRule,
+    is_stable,
+    measure,
+    parse_duration,
+    parse_sizes,
+    path_template,
+    profile_target,
+    relative_standard_error,
+    sql_operation,
+)
+
+FAST = StopRule(rse=0.05, min_count=20, budget_s=1.0)
+
+
+def test_parsers() -> None:
+    assert parse_sizes("1k, 64k,1m,10") == [1024, 65536, 1048576, 10]
+    assert parse_duration("500ms") == 0.5 and parse_duration("10m") == 600 and parse_duration("2") == 2
+    with pytest.raises(ProfilingError, match="size '3x'"):
+        parse_sizes("1k,3x")
+    with pytest.raises(ProfilingError, match="duration"):
+        parse_duration("soon")
+    assert sql_operation("select * from posts p join users u on p.uid = u.id") == "SELECT posts"
+    assert sql_operation("INSERT INTO comments VALUES ($1)") == "INSERT comments"
+    assert sql_operation("SELECT 1") == "SELECT"
+    assert sql_operation("/* app */ UPDATE posts SET x = 1") == "UPDATE posts"
+    assert path_template("/blob/42") == "/blob/{id}"
+
+
+def test_stopping_rule() -> None:
+    assert not is_stable([5.0] * 9, 0.02, 10)
+    assert is_stable([5.0] * 10, 0.02, 10)
+    noisy = np.random.default_rng(0).exponential(5.0, 50)
+    assert relative_standard_error(noisy) == pytest.approx(noisy.std(ddof=1) / np.sqrt(50) / noisy.mean())
+    assert not is_stable(noisy, 0.02, 10)
+
+
+async def test_measure_stops_when_stable_with_constant_calls() -> None:
+    ticks = itertools.count(step=1_000_000)  # each clock read advances 1 ms: every call "takes" 1 ms
+    samples, why = await measure(lambda: asyncio.sleep(0), StopRule(rse=0.01, min_count=25, budget_s=30),
+                                 clock=lambda: next(ticks), concurrency=1)
+    assert why == "stable" and samples.size == 25 and np.all(samples == 1.0)
+
+
+async def test_measure_stops_at_max_count_and_reports_progress() -> None:
+    seen: list[int] = []
+    rng = np.random.default_rng(1)
+
+    async def call() -> None:
+        await asyncio.sleep(0)
+
+    values = iter(np.cumsum(rng.exponential(1e6, 10_000)).astype(np.int64).tolist())
+    samples, why = await measure(call, StopRule(rse=1e-9, min_count=5, budget_s=30, max_count=200),
+                                 concurrency=4, progress=lambda n, rse, t: seen.append(n),
+                                 clock=lambda: next(values))
+    assert why == "max count" and 200 <= samples.size < 204
+    assert seen and seen[-1] == samples.size
+
+
+async def test_measure_takes_the_time_a_call_reports() -> None:
+    async def call() -> float:
+        await asyncio.sleep(0)
+        return 2.5
+
+    samples, why = await measure(call, StopRule(rse=0.01, min_count=10, budget_s=30))
+    assert why == "stable" and samples.size == 10 and np.all(samples == 2.5)
+
+
+async def test_measure_turns_driver_errors_into_profiling_errors() -> None:
+    async def call() -> None:
+        raise ConnectionResetError("peer went away")
+
+    with pytest.raises(ProfilingError, match="ConnectionResetError: peer went away"):
+        await measure(call, FAST, concurrency=2)
+
+
+async def test_redis_workload_independent_and_size_profiles(redis_url: str, tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path / "p.db")
+    target = RedisTarget(redis_url, "GET")
+    results = await profile_target(target, labels={"tier": "local"}, rule=FAST, store=store)
+    assert [r.key.api for r in results] == ["redis GET"]
+    assert results[0].key.resource == "redis://127.0.0.1:6379/0"
+    assert results[0].samples_ms.size >= FAST.min_count
+    assert store.samples(results[0].key).size == results[0].samples_ms.size
+    assert store.round_trips(results[0].key) == 1.0
+    sized = await profile_target(RedisTarget(redis_url, "SET"), sizes=[1024, 4 * 1024 * 1024], rule=FAST, store=store)
+    assert [(r.key.api, r.key.param, r.key.value) for r in sized] == [
+        ("redis SET", "size_bytes", 1024.0), ("redis SET", "size_bytes", 4194304.0)]
+    # A 4 MiB SET takes longer than a 1 KiB one.
+    assert np.median(sized[1].samples_ms) > np.median(sized[0].samples_ms)
+    sel = store.select("redis SET", "redis://127.0.0.1:6379/0", {}, "size_bytes", 1_000_000)
+    assert "interpolated" in sel.how
+    store.close()
+
+
+async def test_redis_concurrency_profile(redis_url: str) -> None:
+    results = await profile_target(RedisTarget(redis_url, "PING"), concurrencies=[1, 8], rule=FAST)
+    assert [r.key.param for r in results] == ["concurrency", "concurrency"]
+    assert [r.key.value for r in results] == [1.0, 8.0]
+
+
+async def test_redis_unreachable() -> None:
+    with pytest.raises(ProfilingError, match="cannot reach Redis"):
+        await profile_target(RedisTarget("redis://127.0.0.1:1/0"), rule=FAST)
+
+
+async def test_postgres_select_profile(postgres_url: str, tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path / "p.db")
+    results = await profile_target(PostgresTarget(postgres_url), sizes=[64, 65536], rule=FAST, store=store)
+    assert results[0].key.api == "postgresql SELECT perfcast_profile"
+    assert results[0].key.resource == "postgresql://127.0.0.1:5432/test"
+    assert all(r.samples_ms.size >= FAST.min_count for r in results)
+    custom = await profile_target(PostgresTarget(postgres_url, "SELECT count(*) FROM pg_class"), rule=FAST)
+    assert custom[0].key.api == "postgresql SELECT pg_class"
+    with pytest.raises(ProfilingError, match="statement failed"):
+        await profile_target(PostgresTarget(postgres_url, "SELECT * FROM no_such_table_here"), rule=FAST)
+    store.close()
+
+
+@pytest.fixture
+async def http_server() -> AsyncIterator[str]:
+    async def blob(request: web.Request) -> web.Response:
+        return web.Response(body=b"x" * int(request.query.get("bytes", "10")))
+
+    async def missing(request: web.Request) -> web.Response:
+        raise web.HTTPNotFound()
+
+    app = web.Application()
+    app.router.add_get("/blob", blob)
+    app.router.add_get("/missing", missing)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def test_http_profiles(http_server: str, tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path / "p.db")
+    target = HttpTarget(f"{http_server}/blob?bytes={{size}}", api="http GET /blob/{id}")
+    results = await profile_target(target, sizes=[100, 4_000_000], rule=FAST, store=store, labels={"loc": "here"})
+    assert [r.key.api for r in results] == ["http GET /blob/{id}"] * 2
+    assert results[0].key.resource == http_server
+    assert np.median(results[1].samples_ms) > np.median(results[0].samples_ms)
+    plain = await profile_target(HttpTarget(f"{http_server}/blob"), concurrencies=[4], rule=FAST)
+    assert plain[0].key.api == "http GET /blob" and plain[0].key.value == 4.0
+    with pytest.raises(ProfilingError, match="HTTP 404"):
+        await profile_target(HttpTarget(f"{http_server}/missing"), rule=FAST)
+    with pytest.raises(ProfilingError, match="placeholder"):
+        await profile_target(HttpTarget(f"{http_server}/blob"), sizes=[10], rule=FAST)
+    store.close()
+
+
+async def test_rtt_profile(http_server: str) -> None:
+    address = http_server.removeprefix("http://")
+    results = await profile_target(RttTarget(address), labels={"location": "local"}, rule=FAST)
+    assert results[0].key.api == "rtt" and results[0].key.resource == f"tcp://{address}"
+    assert results[0].samples_ms.size >= FAST.min_count
+    with pytest.raises(ProfilingError, match="HOST:PORT"):
+        RttTarget("nohost")
+    with pytest.raises(ProfilingError, match="cannot connect"):
+        await profile_target(RttTarget("127.0.0.1:1"), rule=FAST)

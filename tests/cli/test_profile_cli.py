@@ -1,0 +1,122 @@
+"""CLI shape and exit codes of profile, plan, compare and e2e (the maths is tested in tests/analyzer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from analyzer.graph import CausalGraph, Node, NodeKind, dump_graphs
+from analyzer.profiles import ProfileStore
+from perfcast.cli import main
+
+HAR = Path(__file__).resolve().parents[2] / "examples" / "har" / "forum.har"
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def graphs_file(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    n = 50
+    get = tuple(rng.lognormal(-1.0, 0.3, n).tolist())
+    sql = tuple(rng.lognormal(1.0, 0.6, n).tolist())
+    nodes = [
+        Node("start", NodeKind.START, (0.0,) * n),
+        Node("r", NodeKind.IO, get, api="redis GET", resource="redis://127.0.0.1:6379/0", system="redis"),
+        Node("q", NodeKind.IO, sql, api="postgresql SELECT posts", resource="postgresql://127.0.0.1:5432/test",
+             system="postgresql"),
+        Node("end", NodeKind.END, (0.0,) * n),
+    ]
+    latency = [a + b + 5.0 for a, b in zip(get, sql, strict=True)]
+    g = CausalGraph("GET /", nodes, [("start", "r"), ("r", "q"), ("q", "end")], latency_ms=latency)
+    path = tmp_path / "graphs.json"
+    dump_graphs([g], path)
+    return path
+
+
+def test_plan_prints_allocation(graphs_file: Path) -> None:
+    code, out = run("plan", str(graphs_file), "--budget", "10s", "--min", "20")
+    assert code == 0, out
+    assert "redis GET" in out and "postgresql SELECT posts" in out and "summed standard error" in out
+
+
+def test_plan_budget_too_small(graphs_file: Path) -> None:
+    code, out = run("plan", str(graphs_file), "--budget", "1ms")
+    assert code == 1 and out.startswith("PlanningError:") and "raise the budget" in out
+
+
+def test_plan_bad_graphs_file(tmp_path: Path) -> None:
+    bad = tmp_path / "g.json"
+    bad.write_text("{}")
+    code, out = run("plan", str(bad), "--budget", "1m")
+    assert code == 1 and "GraphFileError" in out and "format" in out
+
+
+def test_profile_redis_into_store(redis_url: str, tmp_path: Path) -> None:
+    store = tmp_path / "p.db"
+    code, out = run("profile", "--redis", redis_url, "--op", "GET", "--label", "tier=local", "--budget", "2s",
+                    "--rse", "0.05", "--min", "20", "--store", str(store))
+    assert code == 0, out
+    assert "redis GET" in out and "tier=local" in out
+    with ProfileStore(store) as s:
+        (key,) = s.keys()
+        assert key.api == "redis GET" and key.labels == (("tier", "local"),)
+        assert s.samples(key).size >= 20
+
+
+def test_profile_usage_errors(tmp_path: Path) -> None:
+    code, out = run("profile", "--store", str(tmp_path / "p.db"))
+    assert code == 2 and "exactly one of" in out
+    code, out = run("profile", "--rtt", "localhost:1", "--label", "oops", "--store", str(tmp_path / "p.db"))
+    assert code == 1 and "ProfileError" in out and "NAME=VALUE" in out
+    code, out = run("profile", "--redis", "redis://x", "--size", "12q", "--store", str(tmp_path / "p.db"))
+    assert code == 1 and "size '12q'" in out
+
+
+def test_compare_prints_three_figures(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.txt", tmp_path / "b.json"
+    a.write_text("\n".join(str(x) for x in range(1, 101)))
+    b.write_text(json.dumps(list(range(11, 111))))
+    code, out = run("compare", str(a), str(b))
+    assert code == 0, out
+    assert "max (KS D) 0.1000" in out and "mean" in out and "median" in out
+    code, out = run("compare", str(a), str(b), "--json")
+    assert json.loads(out)["max"] == pytest.approx(0.1)
+
+
+def test_compare_bad_file_names_line(tmp_path: Path) -> None:
+    a = tmp_path / "a.txt"
+    a.write_text("1\n2\nx\n")
+    code, out = run("compare", str(a), str(a))
+    assert code == 1 and "a.txt:3" in out
+
+
+def test_e2e_with_graphs(graphs_file: Path) -> None:
+    code, out = run("e2e", "--har", str(HAR), "--graphs", str(graphs_file), "--route", "GET /", "--rtt", "40ms",
+                    "--percentile", "90", "--ci", "2%", "--seed", "1")
+    assert code == 0, out
+    assert "page load time" in out and "p90" in out and "cloud GET / + rtt" in out
+    code, out = run("e2e", "--har", str(HAR), "--graphs", str(graphs_file), "--route", "GET /", "--json",
+                    "--seed", "1")
+    doc = json.loads(out)
+    assert doc["converged"] and doc["frontend"][0]["route"] == "GET /" and len(doc["samples_ms"]) >= 1000
+
+
+def test_e2e_errors(graphs_file: Path, tmp_path: Path) -> None:
+    code, out = run("e2e", "--har", str(HAR), "--graphs", str(graphs_file), "--route", "GET /nope")
+    assert code == 1 and "'GET /nope' is not in the graphs" in out
+    bad = tmp_path / "bad.har"
+    doc = json.loads(HAR.read_text())
+    del doc["log"]["entries"][3]["request"]["method"]
+    bad.write_text(json.dumps(doc))
+    code, out = run("e2e", "--har", str(bad), "--graphs", str(graphs_file), "--route", "GET /")
+    assert code == 1 and "HarFileError" in out and "log.entries[3].request.method" in out
+    code, out = run("e2e", "--har", str(HAR), "--route", "GET /")
+    assert code == 2 and "--graphs" in out

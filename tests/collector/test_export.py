@@ -1,0 +1,96 @@
+"""The OTLP JSON-lines file, the bounded queue and the exit summary."""
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+import collector
+
+SCRIPT = """
+import asyncio, sys
+from opentelemetry import trace
+
+async def work():
+    await asyncio.sleep(0.001)
+
+async def main():
+    with trace.get_tracer("app").start_as_current_span("request"):
+        await asyncio.gather(work(), work())
+    print("app output")
+
+asyncio.run(main())
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _run_collect(tmp_path: Path, *prefix: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "app.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "spans.jsonl"
+    return subprocess.run(
+        [*prefix, "-o", str(out), "--", sys.executable, str(script), "7"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+
+
+def test_perfcast_collect_writes_otlp_json_lines_and_passes_the_exit_code(tmp_path):
+    proc = _run_collect(tmp_path, sys.executable, "-m", "perfcast.cli", "collect")
+    assert proc.returncode == 7, proc.stderr
+    assert "app output" in proc.stdout
+    assert "perfcast: spans written=" in proc.stderr and "internal_errors=0" in proc.stderr
+    lines = (tmp_path / "spans.jsonl").read_text().splitlines()
+    spans = []
+    for line in lines:
+        obj = json.loads(line)
+        for rs in obj["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                spans.extend(ss["spans"])
+    kinds = {}
+    for span in spans:
+        assert len(span["traceId"]) == 32 and len(span["spanId"]) == 16
+        int(span["startTimeUnixNano"])
+        attrs = {a["key"]: a["value"] for a in span.get("attributes", [])}
+        kinds.setdefault(attrs.get("perfcast.kind", {}).get("stringValue"), []).append(attrs)
+    assert len(kinds["task"]) == 3 and len(kinds["sync"]) == 1
+    sync = kinds["sync"][0]
+    assert [v["intValue"] for v in sync["perfcast.sync.children"]["arrayValue"]["values"]] != []
+
+
+def test_python_m_collector_is_the_same_command(tmp_path):
+    proc = _run_collect(tmp_path, sys.executable, "-m", "collector")
+    assert proc.returncode == 7, proc.stderr
+    assert (tmp_path / "spans.jsonl").stat().st_size > 0
+
+
+class SlowExporter(SpanExporter):
+    """Takes its time, so that the bounded queue fills up."""
+
+    def __init__(self) -> None:
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        time.sleep(0.05)
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_full_queue_drops_and_counts():
+    slow = SlowExporter()
+    provider = collector.instrument(output=None, exporter=slow, max_queue=4, quiet=True)
+    tracer = provider.get_tracer("t")
+    for i in range(200):
+        tracer.start_span(f"s{i}").end()
+    summary = collector.uninstrument()
+    assert summary.dropped > 0
+    assert summary.written == slow.exported
+    # the drop check races the export thread by at most a few spans
+    assert 200 <= summary.written + summary.dropped <= 205

@@ -1,0 +1,98 @@
+import asyncio
+import os
+
+import aiosqlite
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+from aiohttp import ClientSession, web
+
+from collector import attributes as A
+
+
+def io_spans(collected, system):
+    return [s for s in collected.of_kind("io") if s.attributes[A.IO_SYSTEM] == system]
+
+
+async def test_redis_commands_and_pipeline(collected, redis_url):
+    client = aioredis.from_url(redis_url)
+    with collected.tracer.start_as_current_span("request"):
+        await client.ping()  # opens the connection
+        for i in range(10):
+            await client.get(f"perfcast:test:{i}")
+        async with client.pipeline(transaction=False) as pipe:
+            for i in range(10):
+                pipe.get(f"perfcast:test:{i}")
+            await pipe.execute()
+    await client.aclose()
+    spans = io_spans(collected, "redis")
+    gets = [s for s in spans if s.attributes[A.IO_OPERATION] == "GET"]
+    assert len(gets) == 10 and all(s.attributes[A.IO_ROUND_TRIPS] == 1 for s in gets)
+    assert all(s.attributes[A.IO_REQUEST_BYTES] > 0 and s.attributes[A.IO_RESPONSE_BYTES] > 0 for s in gets)
+    (pipeline,) = [s for s in spans if s.attributes[A.IO_OPERATION].startswith("PIPELINE")]
+    assert pipeline.attributes[A.IO_ROUND_TRIPS] == 1
+    assert pipeline.attributes[A.IO_RESOURCE] == "redis://127.0.0.1:6379/0"
+    assert all(A.TASK_ID in s.attributes for s in spans)
+
+
+async def test_postgres_first_execution_takes_two_round_trips(collected, postgres_url):
+    conn = await asyncpg.connect(postgres_url, statement_cache_size=0)
+    with collected.tracer.start_as_current_span("request"):
+        await conn.fetch("SELECT 1 AS x FROM pg_class LIMIT 1")
+    await conn.close()
+    (span,) = [s for s in io_spans(collected, "postgresql") if s.attributes[A.IO_OPERATION] == "SELECT pg_class"]
+    assert span.attributes[A.IO_ROUND_TRIPS] >= 2
+    assert span.attributes[A.IO_RESOURCE] == "postgresql://127.0.0.1:5432/test"
+
+
+async def test_http_client_against_a_real_server(collected):
+    async def blob(request: web.Request) -> web.Response:
+        return web.Response(body=b"x" * 1000)
+
+    app = web.Application()
+    app.router.add_get("/blob/{id}", blob)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with ClientSession() as session:
+            with collected.tracer.start_as_current_span("request"):
+                async with session.get(f"http://127.0.0.1:{port}/blob/42") as resp:
+                    await resp.read()
+    finally:
+        await runner.cleanup()
+    (span,) = io_spans(collected, "http")
+    a = span.attributes
+    assert a[A.IO_OPERATION] == "GET /blob/{id}"
+    assert a[A.IO_RESOURCE] == f"http://127.0.0.1:{port}"
+    assert a[A.IO_ROUND_TRIPS] == 2  # a new TCP connection + the request
+    requests = collected.of_kind("request")
+    assert [r.attributes[A.ROUTE] for r in requests] == ["GET /blob/{id}"]
+
+
+async def test_aiosqlite(collected, tmp_path):
+    path = tmp_path / "t.db"
+    async with aiosqlite.connect(path) as db:
+        await db.execute("CREATE TABLE posts (id INTEGER)")
+        with collected.tracer.start_as_current_span("request"):
+            async with db.execute("SELECT id FROM posts WHERE id = ?", (1,)) as cursor:
+                await cursor.fetchall()
+    spans = io_spans(collected, "sqlite")
+    ops = [s.attributes[A.IO_OPERATION] for s in spans]
+    assert "SELECT posts" in ops
+    assert all(s.attributes[A.IO_RESOURCE] == f"sqlite:///{os.path.abspath(path)}" for s in spans)
+    assert all(s.attributes[A.IO_ROUND_TRIPS] == 0 for s in spans)
+
+
+async def test_io_awaits_are_tagged(collected, redis_url):
+    from collector import _tasks
+
+    client = aioredis.from_url(redis_url)
+    with collected.tracer.start_as_current_span("request"):
+        me = _tasks.CURRENT.id
+        await client.get("perfcast:test:x")
+    await client.aclose()
+    assert "io" in collected.task(me)[A.STEPS_AWAITS]
+    await asyncio.sleep(0)

@@ -1,0 +1,90 @@
+import asyncio
+import time
+
+from collector import _tasks
+from collector import attributes as A
+
+
+def busy(ms: float) -> None:
+    """Burn ``ms`` of this thread's CPU time (not wall time, which depends on the machine's load)."""
+    end = time.thread_time_ns() + int(ms * 1e6)
+    while time.thread_time_ns() < end:
+        pass
+
+
+async def test_compute_steps_have_wall_at_least_cpu(collected):
+    with collected.tracer.start_as_current_span("request"):
+        me = _tasks.CURRENT.id
+        busy(5)
+        await asyncio.sleep(0.002)
+        busy(5)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    steps = collected.task(me)
+    walls, cpus = steps[A.STEPS_WALL_NS], steps[A.STEPS_CPU_NS]
+    assert all(w >= c >= 0 for w, c in zip(walls, cpus))
+    assert cpus[0] >= 5_000_000 and cpus[1] >= 5_000_000  # each busy step burnt 5 ms of CPU
+    assert cpus[2] < cpus[0]  # the step after sleep(0) has no busy loop
+    assert steps[A.STEPS_AWAITS][:3] == ["sleep:2000000", "sleep:0", "sleep:0"]
+    starts = steps[A.STEPS_START_NS]
+    assert starts == sorted(starts) and starts[1] >= starts[0] + walls[0]
+
+
+async def test_untraced_steps_are_not_recorded(collected):
+    await asyncio.sleep(0)
+    collected.stop()
+    assert collected.summary.untraced_steps >= 1
+    assert collected.of_kind("task") == []
+
+
+def test_chunks_cut_at_the_size_limit():
+    import collector
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = collector.instrument(output=None, exporter=exporter, quiet=True, chunk_steps=4)
+
+    async def main() -> int:
+        with provider.get_tracer("t").start_as_current_span("request"):
+            me = _tasks.CURRENT.id
+            for _ in range(10):
+                await asyncio.sleep(0)
+        return me
+
+    try:
+        me = asyncio.run(main())
+    finally:
+        collector.uninstrument()
+    chunks = [s for s in exporter.get_finished_spans() if s.attributes.get(A.KIND) == "task" and s.attributes[A.TASK_ID] == me]
+    firsts = sorted(c.attributes[A.STEPS_FIRST] for c in chunks)
+    assert firsts == [0, 4, 8]
+    assert [c.attributes[A.TASK_OUTCOME] for c in sorted(chunks, key=lambda c: c.attributes[A.STEPS_FIRST])] == [
+        "running", "running", "ok"]
+
+
+async def test_direct_await_of_a_task(collected):
+    async def child() -> int:
+        await asyncio.sleep(0.001)
+        return 7
+
+    with collected.tracer.start_as_current_span("request"):
+        me = _tasks.CURRENT.id
+        t = asyncio.create_task(child())
+        child_id = _tasks.task_id(t)
+        assert await t == 7
+    assert f"task:{child_id}" in collected.task(me)[A.STEPS_AWAITS]
+
+
+async def test_a_request_handled_in_one_step_is_recorded(collected):
+    async def handler() -> int:
+        with collected.tracer.start_as_current_span("request"):
+            return 1  # the span opens and closes inside the task's only step
+
+    task = asyncio.create_task(handler())
+    child = _tasks.task_id(task)
+    assert await task == 1
+    steps = collected.task(child)
+    assert steps[A.STEPS_AWAITS] == ["done"]
+    (request,) = [s for s in collected.stop() if s.name == "request"]
+    (chunk,) = [s for s in collected.of_kind("task") if s.attributes[A.TASK_ID] == child]
+    assert chunk.parent.span_id == request.context.span_id
