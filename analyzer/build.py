@@ -17,8 +17,8 @@ SIGCOMM 2016, section 3, for asyncio's spawn / await / gather / wait / TaskGroup
   so that a variant's shape does not depend on timing.
 - A sync node waits for the joined tasks' last nodes (all, or the k first), for a timer node when a timeout
   races them, and (``all``) for the awaiting task's previous node; an ``any`` node's successor also waits for
-  that previous node. Its duration is the wake-up delay: resume - the time the point completed, as the
-  children's and timer's observed finish times say.
+  that previous node. Its duration is the wake-up delay: resume - the time the point completed as the
+  collector recorded it (the timer if it fired, else the finish of the joined tasks it reported done).
 - A task's first node follows the node of its parent that created it; the delay before the task first ran
   (the event loop was busy) is part of that compute node and reported as ``ready_ms``.
 - ``start`` precedes the root task's first node in the request window and the root task's last node in the
@@ -34,13 +34,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from graphlib import CycleError, TopologicalSorter
 from itertools import pairwise
 from typing import Any
 
 import networkx as nx
 
+from analyzer.errors import GraphError
 from analyzer.graph import CausalGraph, Node, NodeKind, WaitMode
-from analyzer.spans import IoCall, Request, SpanFile, Step, SyncPoint, TaskLife
+from analyzer.spans import IoCall, Request, Span, SpanFile, Step, SyncPoint, TaskLife, assemble_requests
 
 __all__ = ["RequestGraph", "build_graphs", "request_graph"]
 
@@ -70,6 +72,8 @@ class _Obs:
     sync: SyncPoint | None = None
     """sync nodes of synchronisation points: the point."""
     inline: bool = False
+    won_by: str = ""
+    """any-wait sync nodes: the predecessor(s) that finished first (comma-separated ids)."""
     """sync nodes: the point completed without suspending the task (an inline body: timeout, TaskGroup)."""
 
 
@@ -83,26 +87,33 @@ class RequestGraph:
     edges: tuple[tuple[str, str], ...]
 
     def shape(self) -> tuple[Any, ...]:
-        """The variant key: nodes' ids, kinds, wait modes and apis, and the edges, without durations."""
+        """The variant key: nodes' ids, kinds, wait modes, apis and race winners, and the edges; no durations."""
         return (
             self.request.route,
-            tuple(sorted((n.id, n.kind.value, n.wait.value, n.k, n.api) for n in self.nodes.values())),
+            tuple(sorted((n.id, n.kind.value, n.wait.value, n.k, n.api, n.extra.get("won_by", ""))
+                         for n in self.nodes.values())),
             tuple(sorted(self.edges)),
         )
 
 
-def build_graphs(requests: SpanFile | Iterable[Request], *, fold_waits: bool = False) -> list[CausalGraph]:
+def build_graphs(
+    requests: SpanFile | Iterable[Request] | Iterable[Span], *, fold_waits: bool = False, problems: list[str] | None = None
+) -> list[CausalGraph]:
     """Causal graphs of the requests: one per route and per distinct causal shape (variant).
 
     Parameters
     ----------
     requests
-        A :class:`~analyzer.spans.SpanFile` (its complete requests) or requests.
+        A :class:`~analyzer.spans.SpanFile` (its complete requests), requests, or spans (grouped into requests
+        by :func:`~analyzer.spans.assemble_requests`; incomplete ones are left out).
     fold_waits
         Fold unattributed waits (``future``: a lock, a connection pool, a queue) into the compute node around
         them instead of making ``wait`` nodes, and report them as the compute nodes' ``wait_ms``. Such waits come
         and go with contention, so by default requests that differ only by them are separate variants; folded,
         they share one.
+    problems
+        When given, a request whose spans make no DAG (a cycle: contradictory spans) is described here and left
+        out; otherwise :class:`~analyzer.errors.GraphError` is raised.
 
     Returns
     -------
@@ -111,10 +122,23 @@ def build_graphs(requests: SpanFile | Iterable[Request], *, fold_waits: bool = F
         ``samples_ms``, ``cpu_ms``, ``round_trips``, bytes and the graph's ``latency_ms`` and ``trace_ids``
         are aligned by request.
     """
-    reqs = requests.requests if isinstance(requests, SpanFile) else tuple(requests)
+    if isinstance(requests, SpanFile):
+        reqs: tuple[Request, ...] = requests.requests
+    else:
+        items = tuple(requests)
+        spans = [x for x in items if isinstance(x, Span)]
+        reqs = tuple(assemble_requests(spans)) + tuple(x for x in items if isinstance(x, Request))
     groups: dict[tuple[Any, ...], list[RequestGraph]] = defaultdict(list)
     for req in reqs:
         rg = request_graph(req, fold_waits=fold_waits)
+        if not _is_acyclic(rg.edges):
+            cycle = " -> ".join(u for u, _ in nx.find_cycle(nx.DiGraph(list(rg.edges))))
+            message = (f"trace {req.trace_id} ({req.route}, spans file line {req.line}): its spans give a cycle "
+                       f"({cycle}); request left out")
+            if problems is None:
+                raise GraphError(message)
+            problems.append(message)
+            continue
         groups[rg.shape()].append(rg)
     by_route: dict[str, list[list[RequestGraph]]] = defaultdict(list)
     for members in groups.values():
@@ -125,6 +149,17 @@ def build_graphs(requests: SpanFile | Iterable[Request], *, fold_waits: bool = F
         for number, members in enumerate(variants):
             graphs.append(_merge(route, number, members))
     return graphs
+
+
+def _is_acyclic(edges: Iterable[tuple[str, str]]) -> bool:
+    preds: dict[str, list[str]] = defaultdict(list)
+    for u, v in edges:
+        preds[v].append(u)
+    try:
+        tuple(TopologicalSorter(preds).static_order())  # graphlib: much cheaper than a networkx graph here
+    except CycleError:
+        return False
+    return True
 
 
 def _merge(route: str, variant: int, members: Sequence[RequestGraph]) -> CausalGraph:
@@ -220,7 +255,7 @@ class _Builder:
         self.nodes: dict[str, _Obs] = {}
         self.seq: dict[int, list[_Obs]] = {}
         self.paths: dict[int, str] = {}
-        self.marks: dict[int, str] = {}  # inline sync with a timer -> the node before its body (starts the timer)
+        self.marks: dict[int, str] = {}  # sync with a timer -> the node that ends at its call (starts the timer)
         self.after_any: list[tuple[str, str, str]] = []  # (awaiting task's previous node, any-sync, successor)
 
     # -- task paths ------------------------------------------------------------------------------------
@@ -270,9 +305,10 @@ class _Builder:
         labels = {st.awaits for st in task.steps}
         inline = [s for s in self.syncs[tid] if f"sync:{s.sync_id}" not in labels]
         cuts: list[tuple[int, str, SyncPoint]] = []
-        for sync in inline:
+        for sync in self.syncs[tid]:
             if sync.timeout_ns is not None:
-                cuts.append((sync.start_ns, "mark", sync))
+                cuts.append((sync.start_ns, "mark", sync))  # the timer starts at the call
+        for sync in inline:
             cuts.append((sync.end_ns, "inline", sync))
         cut_times = sorted({t for t, _, _ in cuts})
 
@@ -385,7 +421,7 @@ class _Builder:
     def _gap_node(self, path: str, a: int, b: int, label: str, new_id: Any) -> _Obs:
         if label.startswith("sync:"):
             sync = self.req.syncs.get(_ref(label) or -1)
-            if sync is not None and sync.task_id in self.paths:
+            if sync is not None and sync.sync_id in self.ordinal and sync.task_id in self.paths:
                 return self._sync_node(sync, path, a, b, inline=False)
         if label.startswith("task:"):
             return _Obs(new_id("join#"), NodeKind.SYNC, a, b, 0, path, label)
@@ -433,8 +469,7 @@ class _Builder:
         nodes = {"start": start}
         nodes.update((n.id, n) for seq in self.seq.values() for n in seq)
         nodes.update((n.id, n) for n in extra_nodes)
-        dag = nx.DiGraph(list(edges))
-        dag.add_nodes_from(nodes)
+        dag = nx.DiGraph(list(edges)) if self.after_any else nx.DiGraph()
         # An any-wait's successor also waits for the awaiting task's previous node when that node does not
         # already precede every racer (as_completed after other work, a race whose children ran earlier).
         for prev_id, sync_id, next_id in self.after_any:
@@ -506,12 +541,13 @@ class _Builder:
                 extra_nodes.append(join)
                 self.nodes[join.id] = join
                 edges.update((r, join.id) for r in racers)
+                join.end_ns = max(self.nodes[r].end_ns for r in racers)
                 racers = [join.id]
                 node.wait, node.k = WaitMode.ANY, 1
                 edges.discard((prev.id, node.id))  # now an any-wait: only the racers precede it
-            # The timer starts where the timed work starts: the call (inline body) or the suspension.
-            pred = self.nodes[self.marks.get(sync.sync_id, prev.id) if node.inline else prev.id]
-            timer = _Obs(f"{node.id}/timer", NodeKind.TIMER, pred.end_ns, pred.end_ns + sync.timeout_ns,
+            # The timer starts at the call (the compute is cut there).
+            pred = self.nodes[self.marks.get(sync.sync_id, prev.id)]
+            timer = _Obs(f"{node.id}/timer", NodeKind.TIMER, pred.end_ns, sync.start_ns + sync.timeout_ns,
                          sync.timeout_ns, node.task, f"{sync.op} timeout {sync.timeout_ns / 1e6:g} ms",
                          timeout_ns=sync.timeout_ns)
             extra_nodes.append(timer)
@@ -521,6 +557,15 @@ class _Builder:
         edges.update((r, node.id) for r in racers)
         node.k = 1 if node.wait is WaitMode.ALL else min(node.k, len(racers))
         node.duration_ns = max(0, node.end_ns - self._completed(sync, prev, body_races))
+        if node.wait is WaitMode.ANY and len(racers) > 1:
+            # Which racer(s) won is control flow (a replica, a timeout that fired): part of the variant. The
+            # timer won when the collector says so (a loop busy elsewhere can fire it after the work is done).
+            timer_id = f"{node.id}/timer"
+            if sync.timed_out and timer_id in racers:
+                node.won_by = timer_id
+            else:
+                order = sorted((r for r in racers if r != timer_id), key=lambda r: (self.nodes[r].end_ns, r))
+                node.won_by = ",".join(sorted(order[: node.k]))
         if node.wait is WaitMode.ANY and prev.id not in racers and i + 1 < len(seq):
             self.after_any.append((prev.id, node.id, seq[i + 1].id))
 
@@ -530,25 +575,28 @@ class _Builder:
         return inline and sync.wait == "any" and not any(c >= 0 for c in sync.children)
 
     def _completed(self, sync: SyncPoint, prev: _Obs, body_races: bool) -> int:
-        """When the point completed, from its own record: its children's and timer's finish times.
+        """When the point completed, as the collector recorded it: the timer if it fired, else the finish of the
+        joined tasks it reported done (the k-th of them for an any-wait).
 
-        Never from the graph's predecessors, so that the self-check catches a wrong predecessor or wait mode.
-        (The ``sync`` span's end is not used: for ``wait``, ``wait_for`` and ``TaskGroup`` the collector ends it
-        in the resumed step, after the wake-up.)
+        Never from the graph's predecessors (which come from the point's ``children``, ``wait`` and ``k``), so
+        that the self-check catches a wrong predecessor or wait mode: a race recorded as all-of, for instance,
+        completes when its winner was done, not when the graph's all-wait would start. (The ``sync`` span's end
+        is only a fallback: for ``wait``, ``wait_for`` and ``TaskGroup`` the collector ends it in the resumed
+        step, after the wake-up.)
         """
-        ends = sorted(t.end_ns for c in dict.fromkeys(sync.children)
-                      if c >= 0 and (t := self.req.tasks.get(c)) is not None and t.steps)
-        if body_races:
-            ends = [prev.end_ns]  # the inline body's end
-        if sync.wait == "all":
-            done = ends[-1] if ends else None
+        if sync.timed_out and sync.timeout_ns is not None:
+            done = sync.start_ns + sync.timeout_ns
+        elif body_races:
+            done = prev.end_ns  # the inline body's end
         else:
-            done = ends[min(sync.k, len(ends)) - 1] if ends else None
-        if sync.timeout_ns is not None:
-            fire = sync.start_ns + sync.timeout_ns
-            done = fire if done is None else min(done, fire)
-        if done is None:
-            done = sync.end_ns
+            ends = sorted(t.end_ns for c in dict.fromkeys(sync.done)
+                          if c >= 0 and (t := self.req.tasks.get(c)) is not None and t.steps)
+            if not ends:
+                done = sync.end_ns
+            elif sync.wait == "all":
+                done = ends[-1]
+            else:
+                done = ends[min(sync.k, len(ends)) - 1]
         # Unless the body itself raced, the waiting task may reach the point after it completed.
         return done if body_races else max(done, prev.end_ns)
 
@@ -560,6 +608,8 @@ def _to_node(obs: _Obs) -> Node:
         extra["ready_ms"] = [obs.ready_ns / 1e6]
     if obs.wait_ns is not None:
         extra["wait_ms"] = [obs.wait_ns / 1e6]
+    if obs.won_by:
+        extra["won_by"] = obs.won_by
     return Node(
         id=obs.id,
         kind=obs.kind,

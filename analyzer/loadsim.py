@@ -15,11 +15,15 @@ on which the compute segments of *all* concurrent requests run one at a time. So
   flight, the others queue FIFO for a connection); every other node is a pure delay;
 - an io call's latency is its sampled duration, shifted when the profile store has a concurrency-
   parameterised profile of its api: by ``Q_L(u) - Q_1(u)``, where ``Q_L`` is the profile's quantile function
-  at the concurrency ``L`` the call meets on arrival (calls in flight to its resource) and ``u`` the call's rank among its node's samples, so the app-specific part of the call is kept
-  and only the profiled effect of concurrency is added;
+  at the concurrency ``L`` the call meets on arrival (calls in flight to its resource) and ``u`` the call's
+  rank among its node's samples, so the app-specific part of the call is kept and only the profiled effect
+  of concurrency is added;
 - front-end replicas share the users evenly (``load:N?replicas=R``; ``failure:app`` leaves R - 1); a failed
   backend replica leaves its calls to R - 1 replicas, which only matters through concurrency profiles (the
-  level a call meets is scaled by R / (R - 1): WebPerf's "its load effectively doubles" for R = 2).
+  level a call meets is scaled by R / (R - 1): WebPerf's "its load effectively doubles" for R = 2);
+- a compute node's recorded wait before its task first ran (``ready_ms``) was queueing for the loop: it is
+  left out of the node's service time, since the simulation queues the node again under the new load;
+- HTTP calls to a route the graphs also hold become sub-requests (:class:`_Nesting`).
 
 The first ``2 N`` completions are discarded (the start-up transient of users that all start at t = 0).
 Checks with answers by hand are in the tests: N users of pure compute ``d`` see ``N d``; pure io is unchanged.
@@ -32,13 +36,13 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from analyzer.distribution import DagPlan
-from analyzer.errors import ProfileError, ScenarioError
+from analyzer.distribution import DagPlan, evaluate_plan
+from analyzer.errors import ProfileError
 from analyzer.graph import CausalGraph, Node, NodeKind
 from analyzer.scenario import Failure, Load, Scenario, Tier, matches
 
@@ -50,8 +54,6 @@ __all__ = ["Workload", "simulate", "simulate_scenario"]
 FloatArray = npt.NDArray[np.float64]
 Adjust = Callable[[int, int, int, int], float]
 """(workload, node position, column, concurrency level) -> duration shift in ms."""
-
-_ANY1, _KTH = 2, 3  # DagPlan.mode values
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -121,11 +123,7 @@ def simulate(
             for p in ps:
                 s[p].append(j)
         succ.append(s)
-        # predecessors to wait for: all of them (single, all-wait), the first (any-wait) or the k-th
-        need0.append([
-            1 if m == _ANY1 else k if m == _KTH else len(ps)
-            for ps, m, k in zip(w.plan.preds, w.plan.mode, w.plan.k, strict=True)
-        ])
+        need0.append(w.plan.waits_for())
     cursor = [0] * len(workloads)
     out: list[list[float]] = [[] for _ in workloads]
     heap: list[tuple[float, int, int, int, int]] = []  # (time, seq, request, node, phase)
@@ -297,12 +295,13 @@ def simulate_scenario(
         notes.append(f"failure: 1 of {count} replicas of {f.resource!r} fails; the {count - 1} left carry its calls"
                      f"{'' if f.replicas or len(endpoints) > 1 else ' (2 assumed: give ?replicas=R)'}")
 
+    nesting = _Nesting(graphs, models, load.nested)
     curves = _Curves(store, scenario)
     ready_nodes = 0
-    workloads: list[Workload] = []
-    for graph, model in zip(graphs, models, strict=True):
+    parts: list[tuple[Any, ...]] = []
+    for gi, (graph, model) in enumerate(zip(graphs, models, strict=True)):
         durations = model.sample_matrix()
-        on_loop, pool, group = [], [], []
+        on_loop, pool, group, nested, server = [], [], [], [], []
         for j, node_id in enumerate(model.plan.ids):
             node = graph.node(node_id)
             on_loop.append(node.kind is NodeKind.COMPUTE)
@@ -313,6 +312,9 @@ def simulate_scenario(
                 waited = np.asarray(ready, dtype=np.float64)[model.idx]
                 durations[j] = np.maximum(durations[j] - waited, 0.0)
                 ready_nodes += 1
+            target, srv = nesting.target(gi, j, node, durations)
+            nested.append(target)
+            server.append(srv)
             if node.kind is not NodeKind.IO:
                 pool.append(-1)
                 group.append(-1)
@@ -323,9 +325,12 @@ def simulate_scenario(
                 group_ids[key] = len(group_scale)
                 group_scale.append(1.0)
             group.append(group_ids[key])
-            curves.register(len(workloads), j, node, durations[j])
-        workloads.append(Workload(model.plan, durations, tuple(on_loop), tuple(pool), tuple(group),
-                                  float(max(graph.count, 1))))
+            if target < 0:
+                curves.register(gi, j, node, durations[j])
+        parts.append((model.plan, durations, tuple(on_loop), tuple(pool), tuple(group), tuple(nested), tuple(server)))
+    # weights once every nested call is known
+    workloads = [Workload(plan, durations, loop, pool, group, nesting.weight(gi), nested, server)
+                 for gi, (plan, durations, loop, pool, group, nested, server) in enumerate(parts)]
     for gid, f in failed_groups.items():
         if not curves.has_group(gid, workloads):
             raise ProfileError(
@@ -336,18 +341,88 @@ def simulate_scenario(
     if ready_nodes:
         notes.append(f"{ready_nodes} compute nodes hold the loop without their recorded wait to first run "
                      "(ready_ms): the simulation queues them instead")
+    notes += nesting.describe()
     notes += curves.describe()
-    routes = len({g.route for g in graphs})
+    user_routes = len({g.route for gi, g in enumerate(graphs) if nesting.weight(gi) > 0})
     latencies = simulate(
-        workloads, users, samples * routes, rng, think_ms=load.think_ms,
+        workloads, users, samples * max(user_routes, 1), rng, think_ms=load.think_ms,
         pool_sizes=[limit for _, limit in load.pools], scale=group_scale,
-        adjust=curves.adjust if curves.any else None,
+        adjust=curves.adjust if curves.any else None, routes=nesting.routes, servers=nesting.servers,
     )
-    for graph in graphs:
-        got = [lat for g, lat in zip(graphs, latencies, strict=True) if g.route == graph.route]
-        if not any(x.size for x in got):
-            raise ScenarioError(f"route {graph.route!r}: no simulated request completed; raise --samples")
     return latencies, notes
+
+
+class _Nesting:
+    """HTTP calls served by a route the graphs also hold: simulated as sub-requests (see :class:`Load`).
+
+    A node ``http GET /ad`` calls route ``GET /ad`` when the graphs have that route: the app called itself, or
+    a service traced in the same process. The call then lasts the sub-request's simulated latency plus its
+    client side: the call's sampled duration (with the scenario's changes, ``+20 ms`` per round trip) minus
+    the route's median latency, at least 0; so at load 1 the call keeps its recorded distribution, tails
+    included. Calls drawn from a profile (tier, size) stay plain calls: the profile measured the whole call. Users issue each route in proportion to its recorded
+    requests that were *not* such calls (a route only ever called by others gets no users).
+    """
+
+    def __init__(self, graphs: Sequence[CausalGraph], models: Sequence[NodeDurations], mode: str) -> None:
+        self.graphs, self.models, self.mode = graphs, models, mode
+        by_route: dict[str, list[int]] = {}
+        for gi, g in enumerate(graphs):
+            by_route.setdefault(g.route, []).append(gi)
+        self.route_index = {route: i for i, route in enumerate(by_route)} if mode != "off" else {}
+        self.routes: list[tuple[Sequence[int], Sequence[float]]] = [
+            (members, [float(max(graphs[gi].count, 1)) for gi in members]) for members in by_route.values()
+        ] if mode != "off" else []
+        self.median: dict[str, float] = {}
+        for route, members in by_route.items():
+            lat = np.concatenate([_latencies(graphs[gi], models[gi]) for gi in members])
+            self.median[route] = float(np.median(lat))
+        self.calls: dict[str, float] = {}
+        self.endpoints: dict[str, int] = {}
+        self.servers = 1
+
+    def target(self, gi: int, j: int, node: Node, durations: FloatArray) -> tuple[int, int]:
+        """(nested route index or -1, CPU server) for node ``j`` of graph ``gi``; adjusts its durations row."""
+        if node.kind is not NodeKind.IO or node.system != "http" or not self.route_index:
+            return -1, 0
+        route = node.api[len("http "):]
+        model = self.models[gi]
+        if route not in self.route_index or j in model.per_sample:
+            return -1, 0
+        # the client side of each call: the call (with the scenario's changes) minus the route's median latency
+        durations[j] = np.maximum(durations[j] - self.median[route], 0.0)
+        self.calls[route] = self.calls.get(route, 0.0) + max(self.graphs[gi].count, 1)
+        server = 0
+        if self.mode == "separate":
+            server = self.endpoints.setdefault(node.resource, len(self.endpoints) + 1)
+            self.servers = len(self.endpoints) + 1
+        return self.route_index[route], server
+
+    def weight(self, gi: int) -> float:
+        """Share of users' requests for graph ``gi``: its route's requests not made by other requests."""
+        total: dict[str, float] = {}
+        for x in self.graphs:
+            total[x.route] = total.get(x.route, 0.0) + max(x.count, 1)
+        own = {route: max(n - self.calls.get(route, 0.0), 0.0) for route, n in total.items()}
+        if sum(own.values()) <= 0:
+            own = total  # every route is called by another: let users issue them all
+        g = self.graphs[gi]
+        return own[g.route] * max(g.count, 1) / total[g.route]
+
+    def describe(self) -> list[str]:
+        if not self.calls:
+            return []
+        where = {"shared": "on the caller's CPU (one process)", "separate": "on a loop per endpoint"}[self.mode]
+        called = ", ".join(f"{route} ({calls:g} calls)" for route, calls in sorted(self.calls.items()))
+        users = sorted({g.route for gi, g in enumerate(self.graphs) if self.weight(gi) > 0})
+        note = (f"nested: HTTP calls to {called} are simulated as sub-requests {where}; users issue "
+                f"{', '.join(users)} (load:N?nested=off to disable)")
+        return [note]
+
+
+def _latencies(graph: CausalGraph, model: NodeDurations) -> FloatArray:
+    if graph.latency_ms:
+        return np.asarray(graph.latency_ms, dtype=np.float64)
+    return evaluate_plan(model.plan, model.base, np.arange(model.base.shape[1]))
 
 
 class _Curves:

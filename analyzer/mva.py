@@ -23,6 +23,8 @@ arranged so that every operation adds positive numbers:
 * The think time (and any delay station), whose factor Z^m / m! spans thousands of orders of magnitude, is
   convolved last, in blocks that each carry their own exponent (log space between blocks).
 * Queue lengths come from the complement networks (all stations but one), run as one batched filter.
+* When the stations have so many busy servers at saturation (some 600 in all) that even the scaled constants
+  overflow float64, the filters run again in extended precision (``np.longdouble``).
 
 Throughput is then X(n) = G(n-1) / G(n), queue lengths Q_k(n) = sum_j j f_k(j) G_{-k}(n-j) / G(n): relative
 accuracy near machine precision at any population (checked against mpmath at 1,500 users).
@@ -50,6 +52,9 @@ _BLOCK_SPAN = 500.0
 """Largest spread of log-weights inside one block of the delay convolution (exp(-500) is far from underflow)."""
 
 _BLOCK_ROWS = 256
+
+_FLOAT64_HEADROOM = 1e280
+"""Constants above this may overflow when combined with the think time: use extended precision instead."""
 """Most outputs per block: smaller blocks skip more of the zero upper triangle, larger ones make fewer calls."""
 
 
@@ -115,26 +120,26 @@ def _bottleneck(utilization: Mapping[str, FloatArray], demands: Mapping[str, Flo
 # --- exact multi-server solution ---------------------------------------------------------------------------
 
 
-def _station_factor(d: float, c: int) -> tuple[FloatArray, FloatArray]:
+def _station_factor(d: float, c: int, dtype: type = np.float64) -> tuple[FloatArray, FloatArray]:
     """f(j) for j = 0..c of a c-server station with (scaled) demand d: d^j / j! up to c."""
-    f = np.ones(c + 1)
-    f[1:] = np.cumprod(d / np.arange(1, c + 1))
+    f: npt.NDArray[Any] = np.ones(c + 1, dtype=dtype)
+    f[1:] = np.cumprod(dtype(d) / np.arange(1, c + 1, dtype=dtype))
     return f, f[:c]
 
 
-def _filter_coeffs(d: float, c: int) -> tuple[FloatArray, FloatArray]:
+def _filter_coeffs(d: float, c: int, dtype: type = np.float64) -> tuple[FloatArray, FloatArray]:
     """(b, a) of the recursive filter whose impulse response is f(j) = d^j / prod min(i, c).
 
     F(z) = sum_j f(j) z^-j = N(z) / (1 - (d/c) z^-1) with N(z) = sum_{j<c} f(j-1) d (1/j - 1/c) z^-j (and
     N_0 = 1): every coefficient is >= 0, so filtering a positive sequence only ever adds positive terms.
     """
-    f, _ = _station_factor(d, c)
-    b = np.empty(c)
+    f, _ = _station_factor(d, c, dtype)
+    b: npt.NDArray[Any] = np.empty(c, dtype=dtype)
     b[0] = 1.0
     if c > 1:
-        j = np.arange(1, c)
-        b[1:] = f[: c - 1] * d * (1.0 / j - 1.0 / c)
-    return b, np.array([1.0, -d / c])
+        j: npt.NDArray[Any] = np.arange(1, c, dtype=dtype)
+        b[1:] = f[: c - 1] * dtype(d) * (1 / j - dtype(1) / c)
+    return b, np.array([1, -dtype(d) / c], dtype=dtype)
 
 
 def _queue_kernel(d: float, c: int, x: FloatArray) -> FloatArray:
@@ -143,8 +148,8 @@ def _queue_kernel(d: float, c: int, x: FloatArray) -> FloatArray:
     For j < c the kernel is a short FIR; for j >= c, j f(j) = f(c) r^i ((c - 1) + (i + 1)) with i = j - c and
     r = d / c, i.e. a first-order filter plus two first-order filters in cascade.
     """
-    f, _ = _station_factor(d, c)
-    r = d / c
+    f, _ = _station_factor(d, c, x.dtype.type)
+    r = x.dtype.type(d) / c
     out = np.zeros_like(x)
     if c > 1:
         fir = np.arange(c) * f[:c]  # j f(j), j = 0..c-1
@@ -175,8 +180,8 @@ def _log_delay_convolve(lw: FloatArray, y: FloatArray) -> FloatArray:
         stop = min(max(stop, start + 1), start + _BLOCK_ROWS, length)
         shift = top[stop - 1]
         size = stop - start
-        weights = np.exp(lw[:stop] - shift)
-        padded = np.concatenate([np.zeros(stop), weights])[::-1]
+        weights = np.exp(lw[:stop] - shift).astype(y.dtype)
+        padded = np.concatenate([np.zeros(stop, dtype=y.dtype), weights])[::-1]
         # toeplitz[i, t] = weights[start + t - i] (zero where negative): a strided view, no copy
         toeplitz = np.lib.stride_tricks.sliding_window_view(padded, size)[:stop, ::-1]
         block = y[:, :stop] @ toeplitz
@@ -196,6 +201,42 @@ def _delay_log_weights(z: float, theta: float, users: int) -> FloatArray:
     return out
 
 
+def _station_constants(
+    scaled: FloatArray, servers: npt.NDArray[np.int64], users: int, queues: bool, dtype: type
+) -> npt.NDArray[Any]:
+    """Rows [H, J_1..J_K]: the queue part's normalising constants and each station's queue-length numerator.
+
+    J_k = sum_j j f_k(j) H_{-k}(n - j), with H_{-k} the complement network (every station but k); the
+    complements are filtered in one batch, each station's filter applied to every row but its own.
+    """
+    k_count = len(scaled)
+    coeffs = [_filter_coeffs(float(d), int(c), dtype) for d, c in zip(scaled, servers)]
+    rows: npt.NDArray[Any] = np.zeros((k_count + 1 if queues else 1, users + 1), dtype=dtype)
+    rows[:, 0] = 1
+    for k, (b, a) in enumerate(coeffs):
+        if queues:
+            keep = np.arange(k_count + 1) != k + 1
+            rows[keep] = lfilter(b, a, rows[keep], axis=-1)
+        else:
+            rows = lfilter(b, a, rows, axis=-1)
+    if not queues:
+        return rows
+    ys = [rows[0]] + [_queue_kernel(float(d), int(c), rows[k + 1]) for k, (d, c) in enumerate(zip(scaled, servers))]
+    return np.vstack(ys)
+
+
+def _in_range(ys: npt.NDArray[Any]) -> bool:
+    """True if float64 held the constants: they are finite and far from overflow.
+
+    The scaled constants grow like the product over stations of (D_k theta)^c_k / c_k!, about e^(busy servers
+    at saturation, summed over stations); past some 600 busy servers float64 overflows and the solution is
+    recomputed in extended precision (np.longdouble: 64-bit mantissa, exponents up to 4932), about ten times
+    slower.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bool(np.isfinite(ys).all() and ys.max() < _FLOAT64_HEADROOM)
+
+
 def _exact_core(
     demands: FloatArray, servers: npt.NDArray[np.int64], z: float, users: int, *, queues: bool = True
 ) -> tuple[FloatArray, FloatArray | None]:
@@ -211,20 +252,11 @@ def _exact_core(
         return n / z, np.zeros((0, users))
     theta = float(np.min(servers / demands))
     scaled = demands * theta
-    coeffs = [_filter_coeffs(float(d), int(c)) for d, c in zip(scaled, servers)]
-    # row 0: the whole network; row k + 1: every station but k (the complement network of station k)
-    rows = np.zeros((k_count + 1 if queues else 1, users + 1))
-    rows[:, 0] = 1.0
-    for k, (b, a) in enumerate(coeffs):
-        if queues:
-            keep = np.arange(k_count + 1) != k + 1
-            rows[keep] = lfilter(b, a, rows[keep], axis=-1)
-        else:
-            rows = lfilter(b, a, rows, axis=-1)
-    ys = [rows[0]]
-    if queues:
-        ys += [_queue_kernel(float(d), int(c), rows[k + 1]) for k, (d, c) in enumerate(zip(scaled, servers))]
-    logs = _log_delay_convolve(_delay_log_weights(z, theta, users), np.vstack(ys))
+    with np.errstate(over="ignore", invalid="ignore"):
+        ys = _station_constants(scaled, servers, users, queues, np.float64)
+    if not _in_range(ys):
+        ys = _station_constants(scaled, servers, users, queues, np.longdouble)
+    logs = _log_delay_convolve(_delay_log_weights(z, theta, users), ys).astype(np.float64)
     log_g = logs[0]
     throughput = theta * np.exp(log_g[:-1] - log_g[1:])
     queue = np.exp(logs[1:, 1:] - log_g[1:]) if queues else None
@@ -419,14 +451,13 @@ def exact_throughput_at(demands: FloatArray, servers: npt.NDArray[np.int64], del
             raise ModelError("every demand is zero and there is no think time: throughput is unbounded")
         return users / delay_s
     theta = float(np.min(servers / demands))
-    h = np.zeros(users + 1)
-    h[0] = 1.0
-    for d, c in zip(demands * theta, servers):
-        b, a = _filter_coeffs(float(d), int(c))
-        h = lfilter(b, a, h)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = _station_constants(demands * theta, servers, users, False, np.float64)
+    if not _in_range(h):
+        h = _station_constants(demands * theta, servers, users, False, np.longdouble)
     lw = _delay_log_weights(delay_s, theta, users)
     with np.errstate(divide="ignore"):
-        log_h = np.log(h)
+        log_h = np.log(h[0]).astype(np.float64)
     log_g_n = _logsumexp(lw + log_h[::-1])
     log_g_prev = _logsumexp(lw[:-1] + log_h[-2::-1])
     return theta * float(np.exp(log_g_prev - log_g_n))

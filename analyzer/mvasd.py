@@ -69,9 +69,10 @@ FloatArray = npt.NDArray[np.float64]
 def interpolate_demands(measured: MeasuredDemands, at: npt.ArrayLike) -> FloatArray:
     """The demand at each abscissa in ``at``: a not-a-knot cubic spline through the measured points.
 
-    Outside the measured range the demand is held at the nearest measured value (the paper's eq. 12); a
-    spline that dips below zero between points is clipped to zero. Two points give a straight line, three a
-    parabola (not-a-knot is then the interpolating polynomial).
+    Outside the measured range the demand is held at the nearest measured value (the paper's eq. 12).
+    Between points a spline can overshoot, badly so with few, unevenly spaced points (three points give the
+    interpolating parabola, which can dip below zero between 20 and 200 users); the demand is therefore kept
+    within the range of the measured demands. Two points give a straight line.
 
     Examples
     --------
@@ -84,11 +85,13 @@ def interpolate_demands(measured: MeasuredDemands, at: npt.ArrayLike) -> FloatAr
 
 def _interpolator(measured: MeasuredDemands) -> Callable[[FloatArray], FloatArray]:
     xs = np.asarray(measured.at, dtype=np.float64)
-    spline = CubicSpline(xs, np.asarray(measured.demand_s, dtype=np.float64), bc_type="not-a-knot")
+    ys = np.asarray(measured.demand_s, dtype=np.float64)
+    spline = CubicSpline(xs, ys, bc_type="not-a-knot")
     lo, hi = xs[0], xs[-1]
+    floor, ceiling = float(ys.min()), float(ys.max())
 
     def demand(x: FloatArray) -> FloatArray:
-        return np.maximum(np.asarray(spline(np.clip(x, lo, hi)), dtype=np.float64), 0.0)
+        return np.clip(np.asarray(spline(np.clip(x, lo, hi)), dtype=np.float64), floor, ceiling)
 
     return demand
 

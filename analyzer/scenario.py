@@ -18,7 +18,8 @@ A :class:`Scenario` is a named set of changes applied together. The spec of one 
 ===========================================  =====================================================================
 
 RESOURCE matches an io node by system (``redis``), by ``host:port``, by its full resource URL, or by the name
-given at collection (the node's ``resource_name``).
+given at collection (``perfcast collect --resource-names``: the graph builder puts it in the node's
+``resource``; a ``resource_name`` field, if present, is honoured too).
 """
 
 from __future__ import annotations

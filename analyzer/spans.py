@@ -17,6 +17,7 @@ it ran, a chunk was dropped) is left out with a problem naming its trace and wha
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "Step",
     "SyncPoint",
     "TaskLife",
+    "assemble_requests",
     "parse_line",
     "read_spans",
     "span_to_otlp",
@@ -162,6 +164,8 @@ class IoCall:
     request_bytes: int
     response_bytes: int
     name: str = ""
+    span_id: str = ""
+    line: int = 0
 
     @property
     def api(self) -> str:
@@ -245,7 +249,7 @@ def _hex_id(value: Any, digits: int, where: str, *, optional: bool = False) -> s
 
 
 def _any_value(value: Any, where: str) -> Any:
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise _Bad(where, f"expected an AnyValue object, got {value!r}")
     if not value:
         return None
@@ -267,6 +271,12 @@ def _any_value(value: Any, where: str) -> Any:
         values = (value["arrayValue"] or {}).get("values", [])
         if not isinstance(values, list):
             raise _Bad(where + ".arrayValue.values", "expected a list")
+        try:  # fast path for the long integer arrays of task chunks
+            raw = [v["intValue"] for v in values]
+            if all(type(x) is str or type(x) is int for x in raw):
+                return tuple(map(int, raw))
+        except (KeyError, TypeError, ValueError):
+            pass
         return tuple(_any_value(v, f"{where}.arrayValue.values[{i}]") for i, v in enumerate(values))
     if "kvlistValue" in value:
         return _attributes((value["kvlistValue"] or {}).get("values", []), where + ".kvlistValue.values")
@@ -285,14 +295,14 @@ def _attributes(raw: Any, where: str) -> dict[str, Any]:
         raise _Bad(where, f"expected a list of key/value objects, got {type(raw).__name__}")
     out: dict[str, Any] = {}
     for i, kv in enumerate(raw):
-        if not isinstance(kv, Mapping) or not isinstance(kv.get("key"), str):
+        if not isinstance(kv, dict) or not isinstance(kv.get("key"), str):
             raise _Bad(f"{where}[{i}]", "expected {\"key\": ..., \"value\": ...}")
         out[kv["key"]] = _any_value(kv.get("value", {}), f"{where}[{i}] ({kv['key']})")
     return out
 
 
 def _span(raw: Any, resource: Mapping[str, Any], where: str, line: int) -> Span:
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, dict):
         raise _Bad(where, "expected a span object")
     kind = raw.get("kind", 0)
     if isinstance(kind, str):
@@ -586,6 +596,8 @@ def _io(span: Span) -> IoCall:
         request_bytes=_get(span, A.IO_REQUEST_BYTES, int, 0),
         response_bytes=_get(span, A.IO_RESPONSE_BYTES, int, 0),
         name=span.name,
+        span_id=span.span_id,
+        line=span.line,
     )
 
 
@@ -640,11 +652,13 @@ def _trace_requests(trace_id: str, spans: Sequence[Span], report: Any) -> list[R
         if chunks or syncs or ios:
             line = min(s.line for s in spans)
             report(line, None, f"trace {trace_id}: no request span ({len(chunks)} tasks, {len(syncs)} sync "
-                               f"points, {len(ios)} I/O calls): an unfinished request, left out")
+                               f"points, {len(ios)} I/O calls): an unfinished request, or work outside any "
+                               "request; left out")
         return []
     tasks: dict[int, TaskLife] = {}
     for task_id, parts in chunks.items():
         tasks[task_id] = _concatenate(task_id, parts)
+    ios = [_check_owner(io, tasks, report) for io in ios]
     out = []
     for span in sorted(request_spans, key=lambda s: s.start_ns):
         route = span.attributes.get(A.ROUTE) or span.attributes.get("http.route") or span.name
@@ -657,6 +671,36 @@ def _trace_requests(trace_id: str, spans: Sequence[Span], report: Any) -> list[R
         except _Incomplete as exc:
             report(span.line, None, f"{where}: {exc}; request left out")
     return out
+
+
+# Span times come from time.time_ns, step times from perf_counter_ns mapped once to it: allow for drift.
+_SLACK_NS = 1_000_000  # a span this close to the step it names is taken as started in it
+_FIND_SLACK_NS = 50_000  # when looking for the step that really ran at a span's start
+
+
+def _check_owner(io: IoCall, tasks: Mapping[int, TaskLife], report: Any) -> IoCall:
+    """``io`` itself, or, when the task and step it names did not run at its start, the task step that did.
+
+    An I/O span can only start during a step of the task that makes the call; one naming a step that does
+    not exist or ran at another time was misattributed, and the task running at its start is its maker.
+    """
+
+    def running(task: TaskLife) -> Step | None:
+        return next((st for st in task.steps
+                     if st.start_ns - _FIND_SLACK_NS <= io.start_ns <= st.end_ns + _FIND_SLACK_NS), None)
+
+    named = tasks.get(io.task_id)
+    step = named.step(io.task_step) if named is not None else None
+    if step is None or not step.start_ns - _SLACK_NS <= io.start_ns <= step.end_ns + _SLACK_NS:
+        found = [(t, st) for t in tasks.values() if (st := running(t)) is not None]
+        where = f"io span {io.span_id} ({io.api}) names task {io.task_id} step {io.task_step}, which was not running"
+        if len(found) == 1:
+            task, st = found[0]
+            report(io.line, A.TASK_ID, f"{where} when it started; attributed to task {task.task_id} step {st.index}")
+            return dataclasses.replace(io, task_id=task.task_id, task_step=st.index)
+        if named is not None:
+            report(io.line, A.TASK_ID, f"{where} when it started, nor any single other task; left as it is")
+    return io
 
 
 def _concatenate(task_id: int, parts: list[tuple[dict[str, Any], list[Step], Span]]) -> TaskLife:

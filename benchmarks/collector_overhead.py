@@ -309,6 +309,11 @@ def report(results: Sequence[Measurement], configs: Sequence[str]) -> dict[str, 
         s = summary[config]
         print(f"{config:<14}{rps:>14.1f}{s['ratio_to_plain']:>8.3f}{paired:>14.3f}{cpu:>19.2f}"
               f"{s['cpu_ratio_to_plain']:>8.3f}")
+    share = _median([m.app_cpu_share for m in base])
+    if share < 0.8:
+        print(f"note: the plain app used only {share:.2f} of a core (machine load average "
+              f"{_median([m.load_average for m in results]):.1f}): other processes limited its throughput, so the\n"
+              f"  CPU-per-request ratios measure the instrumentation's cost better than the throughput ratios")
     for config in configs:
         if config != "plain":
             loss = 100 * (1 - summary[config]["ratio_to_plain"])

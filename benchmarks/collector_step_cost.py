@@ -27,7 +27,9 @@ async def _worker(steps: int) -> None:
         await asyncio.sleep(0)
 
 
-async def _workload(tracer_provider: TracerProvider, tasks: int, steps: int) -> tuple[float, float]:
+async def _workload(
+    tracer_provider: TracerProvider, tasks: int, steps: int
+) -> tuple[float, float]:
     with tracer_provider.get_tracer("bench").start_as_current_span("request"):
         cpu, wall = time.process_time_ns(), time.perf_counter_ns()
         await asyncio.gather(*(_worker(steps) for _ in range(tasks)))
@@ -40,7 +42,9 @@ def _plain(tasks: int, steps: int) -> tuple[float, float]:
 
 
 def _collected(tasks: int, steps: int) -> tuple[float, float]:
-    provider = collector.instrument(output=None, exporter=InMemorySpanExporter(), quiet=True)
+    provider = collector.instrument(
+        output=None, exporter=InMemorySpanExporter(), quiet=True
+    )
     try:
         return asyncio.run(_workload(provider, tasks, steps))
     finally:
@@ -57,7 +61,9 @@ def main() -> None:
     for _ in range(args.rounds):
         plain.append(_plain(args.tasks, args.steps))
         traced.append(_collected(args.tasks, args.steps))
-    print(f"steps per round: {args.tasks * (args.steps + 1)}  rounds: {args.rounds}  (medians)")
+    print(
+        f"steps per round: {args.tasks * (args.steps + 1)}  rounds: {args.rounds}  (medians)"
+    )
     for i, clock in enumerate(("cpu", "wall")):
         p = statistics.median(r[i] for r in plain)
         t = statistics.median(r[i] for r in traced)

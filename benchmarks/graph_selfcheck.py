@@ -179,6 +179,7 @@ def main() -> None:
         for i, (name, args) in enumerate(configs):
             spans = out / f"selfcheck-{i}.jsonl"
             print(f"-- {name}: {ns.users} users, think {ns.think_ms:g} ms, {ns.duration:g} s")
+            spans.unlink(missing_ok=True)  # the collector appends to an existing file
             measured = collect(spans, args, ns.users, ns.duration, ns.think_ms)
             t0 = time.perf_counter()
             sf = read_spans(spans)

@@ -17,14 +17,14 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from collector import _runtime
 from collector._export import CountingExporter, JsonLinesSpanExporter
 from collector._instrumentor import AsyncioCausalityInstrumentor
 from collector._processor import CausalSpanProcessor
-from collector.environment import Settings, settings_from_env
+from collector.environment import Settings
 
 __all__ = ["CollectorError", "Summary", "instrument", "is_instrumented", "uninstrument"]
 
@@ -115,11 +115,14 @@ def instrument(
     """
     global _active, _atexit_registered
     if _active is not None:
-        raise CollectorError("the collector is already instrumenting this process; call uninstrument() first")
+        raise CollectorError(
+            "the collector is already instrumenting this process; call uninstrument() first"
+        )
     if settings is None:
         if otlp_http is None:
             otlp_http = bool(
-                os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             )
         try:
             settings = Settings(
@@ -133,7 +136,9 @@ def instrument(
             )
         except ValueError as exc:
             raise CollectorError(str(exc)) from None
-    name = settings.service_name or os.path.basename(sys.argv[0] or "python") or "python"
+    name = (
+        settings.service_name or os.path.basename(sys.argv[0] or "python") or "python"
+    )
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
     counters: list[CountingExporter] = []
     downstream: list[Any] = []
@@ -143,17 +148,27 @@ def instrument(
         counters.append(counting)
         downstream.append(
             BatchSpanProcessor(
-                counting, max_queue_size=settings.max_queue, max_export_batch_size=min(512, settings.max_queue)
+                counting,
+                max_queue_size=settings.max_queue,
+                max_export_batch_size=min(512, settings.max_queue),
             )
         )
 
-    if settings.output:
+    if settings.span_fd is not None:
+        from collector._pipe import PipeSpanExporter
+
+        add(PipeSpanExporter(settings.span_fd))
+    elif settings.output:
         try:
             add(JsonLinesSpanExporter(settings.output))
         except OSError as exc:
-            raise CollectorError(f"cannot write spans to {settings.output}: {exc.strerror}") from None
+            raise CollectorError(
+                f"cannot write spans to {settings.output}: {exc.strerror}"
+            ) from None
     if settings.otlp_http:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         add(OTLPSpanExporter())
     if exporter is not None:

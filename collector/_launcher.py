@@ -6,11 +6,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import collector
 from collector import environment
+from collector._pipe import relay
 
 BOOTSTRAP = Path(__file__).with_name("_bootstrap")
 
@@ -28,7 +30,9 @@ def child_environment(
     ``PERFCAST_*`` variables, and perfcast's own directory on the path so that ``collector`` imports."""
     env = dict(os.environ if base is None else base)
     package_root = str(Path(collector.__file__).resolve().parent.parent)
-    paths = [str(BOOTSTRAP), package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [str(BOOTSTRAP), package_root] + [
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p
+    ]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env[environment.OUTPUT] = os.path.abspath(output) if output else ""
     for name, value in (
@@ -43,20 +47,55 @@ def child_environment(
 
 
 def run(command: Sequence[str], env: Mapping[str, str]) -> int:
-    """Run ``command``, forwarding SIGINT and SIGTERM to it; return its exit code (128+N for signal N)."""
+    """Run ``command``, forwarding SIGINT and SIGTERM to it; return its exit code (128+N for signal N).
+
+    When ``env`` names an output file, the child sends its spans down a pipe and this process writes them
+    (``collector._pipe``), so that encoding them costs the app nothing.
+    """
     if not command:
-        raise collector.CollectorError("no program to run: give it after '--', e.g. perfcast collect -- python app.py")
+        raise collector.CollectorError(
+            "no program to run: give it after '--', e.g. perfcast collect -- python app.py"
+        )
+    env = dict(env)
+    output = env.get(environment.OUTPUT)
+    relay_thread = None
+    pass_fds: tuple[int, ...] = ()
+    if output:
+        try:
+            open(
+                output, "a"
+            ).close()  # fail early, in the launcher, on an unwritable path
+        except OSError as exc:
+            raise collector.CollectorError(
+                f"cannot write spans to {output}: {exc.strerror}"
+            ) from None
+        read_fd, write_fd = os.pipe()
+        env[environment.SPAN_FD] = str(write_fd)
+        pass_fds = (write_fd,)
+        relay_thread = threading.Thread(
+            target=relay, args=(read_fd, output), name="perfcast-relay", daemon=True
+        )
+        relay_thread.start()
     try:
-        process = subprocess.Popen(list(command), env=dict(env))
+        process = subprocess.Popen(list(command), env=env, pass_fds=pass_fds)
     except OSError as exc:
-        raise collector.CollectorError(f"cannot run {command[0]!r}: {exc.strerror}") from None
+        raise collector.CollectorError(
+            f"cannot run {command[0]!r}: {exc.strerror}"
+        ) from None
+    finally:
+        for fd in pass_fds:
+            os.close(fd)  # the child holds the write end now: EOF when it exits
 
     def forward(signum: int, _frame: object) -> None:
         process.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         code = process.wait()
+        if relay_thread is not None:
+            relay_thread.join()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -67,10 +106,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m collector [-o spans.jsonl] -- program args...``"""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m collector", description="Run a program with causal tracing.")
-    parser.add_argument("-o", "--output", default="spans.jsonl", help="OTLP JSON-lines file (default spans.jsonl)")
-    parser.add_argument("--max-queue", type=int, default=None, help="export queue capacity, in spans")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
+    parser = argparse.ArgumentParser(
+        prog="python -m collector", description="Run a program with causal tracing."
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        default="spans.jsonl",
+        help="OTLP JSON-lines file (default spans.jsonl)",
+    )
+    parser.add_argument(
+        "--max-queue", type=int, default=None, help="export queue capacity, in spans"
+    )
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, help="-- program and its arguments"
+    )
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:

@@ -37,35 +37,42 @@ class CausalSpanProcessor(SpanProcessor):
         try:
             attrs = span.attributes or {}
             rec = _tasks.CURRENT
+            extra: dict[str, Any] = {}
             if rec is not None and A.TASK_ID not in attrs:
-                span.set_attribute(A.TASK_ID, rec.id)
-                span.set_attribute(A.TASK_STEP, rec.n)
+                extra[A.TASK_ID] = rec.id
+                extra[A.TASK_STEP] = rec.n
                 if rec.started is None:
                     rec.started = span
-            scope = span.instrumentation_scope.name if span.instrumentation_scope is not None else ""
+            scope = (
+                span.instrumentation_scope.name
+                if span.instrumentation_scope is not None
+                else ""
+            )
             role = _SCOPES.get(scope)
-            if role is None:
-                if attrs.get(A.KIND) == "io":
-                    self._open_io(span, str(attrs.get(A.IO_SYSTEM, "")), rec)
-                return
+            kind = attrs.get(A.KIND)
             if role == "request":
                 if span.kind is SpanKind.SERVER:
-                    span.set_attribute(A.KIND, "request")
-                    span.set_attribute(A.ROUTE, span.name)
-                return
-            if role == "sqlite" and _io._get_running_loop() is not None:
-                span.set_attribute(A.KIND, "blocking")
-                span.set_attribute(A.BLOCKING_CALL, "sqlite3.execute")
-            else:
-                span.set_attribute(A.KIND, "io")
-            self._open_io(span, role, rec)
-        except Exception:
+                    extra[A.KIND] = "request"
+                    extra[A.ROUTE] = span.name
+            elif role is not None:
+                if role == "sqlite" and _io._get_running_loop() is not None:
+                    kind = extra[A.KIND] = "blocking"
+                    extra[A.BLOCKING_CALL] = "sqlite3.execute"
+                else:
+                    kind = extra[A.KIND] = "io"
+            if extra:
+                span.set_attributes(extra)
+            if role not in (None, "request"):
+                self._open_io(span, role, rec, kind == "io")
+            elif role is None and kind == "io":
+                self._open_io(span, str(attrs.get(A.IO_SYSTEM, "")), rec, True)
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("on_start")
 
-    def _open_io(self, span: Span, system: str, rec: Any) -> None:
+    def _open_io(self, span: Span, system: str, rec: Any, awaited: bool) -> None:
         state = _io.IoState(system=system, rec=rec)
         self._io[span.context.span_id] = state
-        if rec is not None and span.attributes.get(A.KIND) == "io":
+        if rec is not None and awaited:
             rec.io_stack.append(state)
 
     def _on_ending(self, span: Span) -> None:
@@ -87,7 +94,7 @@ class CausalSpanProcessor(SpanProcessor):
                 if state.measured_response:
                     extra[A.IO_RESPONSE_BYTES] = state.response_bytes
             _set_on_ended(span, extra)
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("on_ending")
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -105,7 +112,9 @@ class CausalSpanProcessor(SpanProcessor):
             processor.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return all(processor.force_flush(timeout_millis) for processor in self.downstream)
+        return all(
+            processor.force_flush(timeout_millis) for processor in self.downstream
+        )
 
 
 def _set_on_ended(span: Span, values: dict[str, Any]) -> None:

@@ -7,12 +7,13 @@ so that an internal error is counted and reported at exit, never raised into the
 from __future__ import annotations
 
 import logging
+import random
 import time
-
 from collections.abc import Callable
 from typing import Any
 
-from opentelemetry.trace import Tracer
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, Tracer
 
 from collector.environment import Settings
 
@@ -37,13 +38,49 @@ untraced_steps: int = 0
 _logged: int = 0
 
 
+def emit_span(
+    name: str, parent: Any, start_ns: int, end_ns: int, attributes: dict[str, Any]
+) -> None:
+    """Hand a finished INTERNAL span, child of ``parent`` (a SpanContext), straight to the export pipeline.
+
+    perfcast's own spans are built whole when their facts are known, as ReadableSpans: going through the SDK's
+    Span (locks, attribute validation, processors' on_start) costs several times more.
+    """
+    sink = emit
+    if sink is None:
+        return
+    context = SpanContext(
+        parent.trace_id, _span_id(), is_remote=False, trace_flags=parent.trace_flags
+    )
+    sink(
+        ReadableSpan(
+            name=name,
+            context=context,
+            parent=parent,
+            resource=resource,
+            attributes=attributes,
+            kind=SpanKind.INTERNAL,
+            start_time=start_ns,
+            end_time=end_ns,
+            instrumentation_scope=scope,
+        )
+    )
+
+
+def _span_id() -> int:
+    while True:
+        value = random.getrandbits(64)
+        if value:
+            return value
+
+
 def count_error(where: str) -> None:
     """Count an internal error (called from an ``except`` block); log the first few with their traceback."""
     global internal_errors, _logged
     internal_errors += 1
     if _logged < 5:
         _logged += 1
-        logger.debug("perfcast internal error in %s", where, exc_info=True)
+        logger.debug("perfcast internal error in %s", where, exc_info=True)  # noqa: LOG014 - called in except blocks
 
 
 def reset(
@@ -54,7 +91,16 @@ def reset(
     new_scope: Any = None,
 ) -> None:
     """Start a new collection: new settings, tracer, clock offset and zeroed counters."""
-    global settings, tracer, emit, resource, scope, clock_offset_ns, internal_errors, untraced_steps, _logged
+    global \
+        settings, \
+        tracer, \
+        emit, \
+        resource, \
+        scope, \
+        clock_offset_ns, \
+        internal_errors, \
+        untraced_steps, \
+        _logged
     settings = new_settings
     tracer = new_tracer
     emit, resource, scope = new_emit, new_resource, new_scope

@@ -38,9 +38,12 @@ class SyncState:
 
     id: int
     op: str
-    span: Any
+    parent: Any
+    """SpanContext of the span current where the call was made."""
+    start_ns: int
     owner: TaskRecord | None
     tag: str
+    owner_step: int = -1
     children: list[Any] = field(default_factory=list)
     wait: str = "all"
     k: int | None = None
@@ -63,7 +66,7 @@ class SyncState:
             if self.waiter is None:
                 _tasks.SYNC_FUTURES.pop(self.future_key or 0, None)
                 self.finish(None)
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("sync done")
 
     def resume(self, rec: TaskRecord) -> None:
@@ -81,6 +84,9 @@ class SyncState:
         if done is None:
             done = [task_id(c) for c in self.children if _is_done(c)]
         attrs: dict[str, Any] = {
+            A.KIND: "sync",
+            A.SYNC_ID: self.id,
+            A.SYNC_OP: self.op,
             A.SYNC_WAIT: self.wait,
             A.SYNC_K: self.k if self.k is not None else len(children),
             A.SYNC_CHILDREN: children,
@@ -93,8 +99,17 @@ class SyncState:
             attrs[A.SYNC_RESUME_STEP] = resume_step
         if self.body_first_step is not None:
             attrs[A.SYNC_BODY_FIRST_STEP] = self.body_first_step
-        self.span.set_attributes(attrs)
-        self.span.end(end_time=self.completed_ns)
+        if self.owner is not None:
+            attrs[A.TASK_ID] = self.owner.id
+            attrs[A.TASK_STEP] = self.owner_step
+        end = self.completed_ns or time.time_ns()
+        _runtime.emit_span(
+            f"sync {self.op}",
+            self.parent,
+            self.start_ns,
+            max(end, self.start_ns),
+            attrs,
+        )
 
 
 def _is_done(obj: Any) -> bool:
@@ -103,24 +118,37 @@ def _is_done(obj: Any) -> bool:
 
 def _raised(obj: Any) -> bool:
     # Reads the stored exception without calling exception(), which would mark it as retrieved.
-    return bool(obj.done() and not obj.cancelled() and getattr(obj, "_exception", None) is not None)
+    return bool(
+        obj.done()
+        and not obj.cancelled()
+        and getattr(obj, "_exception", None) is not None
+    )
 
 
 def _begin(op: str) -> SyncState | None:
     """A new sync point in the running task, or None when not tracing (outside a task or a trace)."""
     rec = _tasks.CURRENT
-    tracer = _runtime.tracer
-    if rec is None or tracer is None or not trace.get_current_span().get_span_context().is_valid:
+    if rec is None or _runtime.emit is None:
+        return None
+    parent = trace.get_current_span().get_span_context()
+    if not parent.is_valid:
         return None
     sid = next(_ids)
-    span = tracer.start_span(f"sync {op}", attributes={A.KIND: "sync", A.SYNC_ID: sid, A.SYNC_OP: op})
-    return SyncState(id=sid, op=op, span=span, owner=rec, tag=f"sync:{sid}")
+    return SyncState(
+        id=sid,
+        op=op,
+        parent=parent,
+        start_ns=time.time_ns(),
+        owner=rec,
+        tag=f"sync:{sid}",
+        owner_step=rec.n,
+    )
 
 
 def _safe_begin(op: str) -> SyncState | None:
     try:
         return _begin(op)
-    except Exception:
+    except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
         _runtime.count_error(f"sync {op}")
         return None
 
@@ -166,7 +194,7 @@ def _gather(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     try:
         st.children = list(getattr(outer, "_children", None) or [])
         _watch_future(st, outer)
-    except Exception:
+    except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
         _runtime.count_error("gather")
     return outer
 
@@ -187,9 +215,11 @@ def _shield(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         created, rec.capture = rec.capture, prev
     try:
         arg = args[0] if args else kwargs.get("arg")
-        st.children = [arg if asyncio.isfuture(arg) else (created[0] if created else arg)]
+        st.children = [
+            arg if asyncio.isfuture(arg) else (created[0] if created else arg)
+        ]
         _watch_future(st, outer)
-    except Exception:
+    except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
         _runtime.count_error("shield")
     return outer
 
@@ -199,9 +229,22 @@ def _shield(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 
 def _wait(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     fs = args[0] if args else kwargs.get("fs")
-    if _tasks.CURRENT is None or fs is None or asyncio.isfuture(fs) or asyncio.iscoroutine(fs):
+    if (
+        _tasks.CURRENT is None
+        or fs is None
+        or asyncio.isfuture(fs)
+        or asyncio.iscoroutine(fs)
+    ):
         return wrapped(*args, **kwargs)
-    return _named(_wait_traced(wrapped, list(fs), *args[1:], **{k: v for k, v in kwargs.items() if k != "fs"}), wrapped)
+    return _named(
+        _wait_traced(
+            wrapped,
+            list(fs),
+            *args[1:],
+            **{k: v for k, v in kwargs.items() if k != "fs"},
+        ),
+        wrapped,
+    )
 
 
 async def _wait_traced(wrapped: Any, fs: list[Any], *args: Any, **kwargs: Any) -> Any:
@@ -240,7 +283,7 @@ async def _wait_traced(wrapped: Any, fs: list[Any], *args: Any, **kwargs: Any) -
                     else:
                         timed_out = bool(pending)
             st.finish(rec.n, timed_out)
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("wait")
 
 
@@ -288,7 +331,7 @@ async def _wait_for_traced(wrapped: Any, args: Any, kwargs: Any) -> Any:
             if timed_out and asyncio.isfuture(child):
                 timed_out = child.cancelled()
             st.finish(rec.n, timed_out)
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("wait_for")
 
 
@@ -298,14 +341,25 @@ _INLINE_OWNERS: set[int] = set()
 
 def _as_completed(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     fs = args[0] if args else kwargs.get("fs")
-    if _tasks.CURRENT is None or fs is None or asyncio.isfuture(fs) or asyncio.iscoroutine(fs):
+    if (
+        _tasks.CURRENT is None
+        or fs is None
+        or asyncio.isfuture(fs)
+        or asyncio.iscoroutine(fs)
+    ):
         return wrapped(*args, **kwargs)
     fs_list = list(fs)
     rest = {k: v for k, v in kwargs.items() if k != "fs"}
-    return _as_completed_items(wrapped(fs_list, *args[1:], **rest), fs_list, _seconds_to_ns(rest.get("timeout")))
+    return _as_completed_items(
+        wrapped(fs_list, *args[1:], **rest),
+        fs_list,
+        _seconds_to_ns(rest.get("timeout")),
+    )
 
 
-def _as_completed_items(gen: Any, fs: list[Any], timeout_ns: int | None) -> Iterator[Any]:
+def _as_completed_items(
+    gen: Any, fs: list[Any], timeout_ns: int | None
+) -> Iterator[Any]:
     rec = _tasks.CURRENT
     prev = rec.capture if rec is not None else None
     if rec is not None:
@@ -328,7 +382,9 @@ def _as_completed_items(gen: Any, fs: list[Any], timeout_ns: int | None) -> Iter
 _END = object()
 
 
-async def _as_completed_one(item: Any, children: list[Any], rank: int, timeout_ns: int | None) -> Any:
+async def _as_completed_one(
+    item: Any, children: list[Any], rank: int, timeout_ns: int | None
+) -> Any:
     st = _safe_begin("as_completed")
     if st is None:
         return await item
@@ -346,7 +402,7 @@ async def _as_completed_one(item: Any, children: list[Any], rank: int, timeout_n
         rec.await_tag = prev_tag
         try:
             st.finish(rec.n, timed_out)
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("as_completed")
 
 
@@ -363,9 +419,11 @@ def _timeout_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
                 st.body_first_step = rec.n
                 when = instance.when()
                 if when is not None:
-                    st.timeout_ns = max(0, int((when - asyncio.get_running_loop().time()) * 1e9))
+                    st.timeout_ns = max(
+                        0, int((when - asyncio.get_running_loop().time()) * 1e9)
+                    )
                 _open[id(instance)] = st
-            except Exception:
+            except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
                 _runtime.count_error("timeout enter")
     return wrapped(*args, **kwargs)
 
@@ -377,14 +435,16 @@ def _timeout_exit(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return _named(_timeout_exit_traced(wrapped, instance, args, kwargs, st), wrapped)
 
 
-async def _timeout_exit_traced(wrapped: Any, instance: Any, args: Any, kwargs: Any, st: SyncState) -> Any:
+async def _timeout_exit_traced(
+    wrapped: Any, instance: Any, args: Any, kwargs: Any, st: SyncState
+) -> Any:
     try:
         return await wrapped(*args, **kwargs)
     finally:
         try:
             rec = _tasks.CURRENT or st.owner
             st.finish(rec.n if rec is not None else None, bool(instance.expired()))
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("timeout exit")
 
 
@@ -411,7 +471,9 @@ def _group_exit(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return _named(_group_exit_traced(wrapped, args, kwargs, st), wrapped)
 
 
-async def _group_exit_traced(wrapped: Any, args: Any, kwargs: Any, st: SyncState) -> Any:
+async def _group_exit_traced(
+    wrapped: Any, args: Any, kwargs: Any, st: SyncState
+) -> Any:
     rec = _tasks.CURRENT or st.owner
     prev_tag = None
     if rec is not None:
@@ -423,7 +485,7 @@ async def _group_exit_traced(wrapped: Any, args: Any, kwargs: Any, st: SyncState
             rec.await_tag = prev_tag
         try:
             st.finish(rec.n if rec is not None else None)
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("taskgroup exit")
 
 

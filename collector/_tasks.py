@@ -14,7 +14,6 @@ import asyncio.events
 import asyncio.futures
 import asyncio.tasks
 import itertools
-import random
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -22,14 +21,15 @@ from typing import Any
 
 import wrapt
 from opentelemetry import context as otel_context
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, SpanKind
+from opentelemetry.trace import SpanContext
 from opentelemetry.trace.propagation import _SPAN_KEY
 
 from collector import _runtime
 from collector import attributes as A
 
-_TASK_TYPES: tuple[type, ...] = tuple({asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task)})
+_TASK_TYPES: tuple[type, ...] = tuple(
+    {asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task)}
+)
 # The ContextVar holding OTel's current Context: read straight from each handle's contextvars.Context.
 _OTEL_VAR = getattr(otel_context._RUNTIME_CONTEXT, "_current_context", None)
 _perf_ns = time.perf_counter_ns
@@ -126,7 +126,7 @@ def _create_task(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
                 rec.io_stack.append(parent.io_stack[-1])
         if parent is not None and parent.capture is not None:
             parent.capture.append(task)
-    except Exception:
+    except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
         _runtime.count_error("create_task")
     return task
 
@@ -142,7 +142,7 @@ def _run(self: asyncio.events.Handle) -> None:
         octx0 = ctx.get(_OTEL_VAR)
         if rec.wait_sync is not None:
             rec.wait_sync.resume(rec)
-    except Exception:
+    except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
         _runtime.count_error("step start")
         return _orig_run(self)
     prev = CURRENT
@@ -163,11 +163,13 @@ def _run(self: asyncio.events.Handle) -> None:
         try:
             # the CPU clock pair is inside the wall clock pair; min() absorbs the two clocks' granularity
             _end_step(rec, task, ctx, octx0, t0, t1 - t0, min(c1 - c0, t1 - t0))
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("step end")
 
 
-def _end_step(rec: TaskRecord, task: Any, ctx: Any, octx0: Any, t0: int, wall: int, cpu: int) -> None:
+def _end_step(
+    rec: TaskRecord, task: Any, ctx: Any, octx0: Any, t0: int, wall: int, cpu: int
+) -> None:
     octx = ctx.get(_OTEL_VAR)
     span = octx.get(_SPAN_KEY) if octx else None
     if span is None and octx0:
@@ -232,7 +234,9 @@ def _awaited(rec: TaskRecord, waiter: Any) -> str:
     return "future"
 
 
-def _call_later(self: Any, delay: float, callback: Any, *args: Any, context: Any = None) -> Any:
+def _call_later(
+    self: Any, delay: float, callback: Any, *args: Any, context: Any = None
+) -> Any:
     # asyncio.sleep(delay) is call_later(delay, _set_result_unless_cancelled, future): note the delay for
     # the running task, whose step then ends suspended on that future.
     if callback is _SET_RESULT:
@@ -276,28 +280,13 @@ def flush(rec: TaskRecord, task: Any) -> None:
         A.STEPS_CPU_NS: cpus,
         A.STEPS_AWAITS: awaits,
     }
-    parent = rec.parent_ctx
-    context = SpanContext(parent.trace_id, _span_id(), is_remote=False, trace_flags=parent.trace_flags)
-    _runtime.emit(
-        ReadableSpan(
-            name=f"task {rec.coro}",
-            context=context,
-            parent=parent,
-            resource=_runtime.resource,
-            attributes=attributes,
-            kind=SpanKind.INTERNAL,
-            start_time=starts[0],
-            end_time=starts[-1] + walls[-1],
-            instrumentation_scope=_runtime.scope,
-        )
+    _runtime.emit_span(
+        f"task {rec.coro}",
+        rec.parent_ctx,
+        starts[0],
+        starts[-1] + walls[-1],
+        attributes,
     )
-
-
-def _span_id() -> int:
-    while True:
-        value = random.getrandbits(64)
-        if value:
-            return value
 
 
 def flush_all() -> None:
@@ -306,7 +295,7 @@ def flush_all() -> None:
         try:
             task = rec.ref() if rec.ref is not None else None
             flush(rec, task if task is not None and task.done() else None)
-        except Exception:
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("flush")
 
 
@@ -319,7 +308,9 @@ def install() -> None:
         raise RuntimeError("opentelemetry's runtime context is not contextvars-based")
     _orig_run = asyncio.events.Handle._run
     asyncio.events.Handle._run = _run  # type: ignore[method-assign]
-    wrapt.wrap_function_wrapper(asyncio.base_events, "BaseEventLoop.create_task", _create_task)
+    wrapt.wrap_function_wrapper(
+        asyncio.base_events, "BaseEventLoop.create_task", _create_task
+    )
     _orig_call_later = asyncio.base_events.BaseEventLoop.call_later
     asyncio.base_events.BaseEventLoop.call_later = _call_later  # type: ignore[method-assign]
 
@@ -331,6 +322,7 @@ def uninstall() -> None:
         return
     flush_all()
     asyncio.base_events.BaseEventLoop.call_later = _orig_call_later  # type: ignore[method-assign]
+    _orig_call_later = None
     asyncio.events.Handle._run = _orig_run  # type: ignore[method-assign]
     _orig_run = None
     wrapped = asyncio.base_events.BaseEventLoop.__dict__["create_task"]

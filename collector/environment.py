@@ -29,8 +29,8 @@ CHUNK_STEPS: str = "PERFCAST_CHUNK_STEPS"
 RESOURCE_NAMES: str = "PERFCAST_RESOURCE_NAMES"
 SERVICE_NAME: str = "PERFCAST_SERVICE_NAME"
 QUIET: str = "PERFCAST_QUIET"
-BOOTSTRAP_DIR: str = "PERFCAST_BOOTSTRAP_DIR"
-"""Set by the launcher: the ``sitecustomize`` directory, removed from PYTHONPATH for grandchildren."""
+SPAN_FD: str = "PERFCAST_SPAN_FD"
+"""Set by the launcher: a pipe to send spans to it (it writes the file); removed for grandchildren."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,8 @@ class Settings:
     """No exit summary line."""
     otlp_http: bool = False
     """Also export over OTLP/HTTP (the standard OTEL_EXPORTER_OTLP_* variables configure it)."""
+    span_fd: int | None = None
+    """Send spans down this pipe to the launcher instead of writing ``output`` here."""
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -66,7 +68,9 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}: expected an integer, got {raw!r}") from None
+        raise ValueError(
+            f"environment variable {name}: expected an integer, got {raw!r}"
+        ) from None
 
 
 def parse_resource_names(raw: str) -> dict[str, str]:
@@ -94,5 +98,9 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         resource_names=parse_resource_names(env.get(RESOURCE_NAMES, "")),
         service_name=env.get(SERVICE_NAME) or None,
         quiet=env.get(QUIET, "0") not in ("", "0"),
-        otlp_http=bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")),
+        otlp_http=bool(
+            env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+            or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        ),
+        span_fd=_int(env, SPAN_FD, -1) if env.get(SPAN_FD) else None,
     )

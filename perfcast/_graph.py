@@ -43,13 +43,14 @@ def graph(spans_file: Path, output: Path, dot: Path | None, strict: bool, check:
 
     out, err = Console(), Console(stderr=True)
     spans = read_spans(spans_file, strict=strict)
-    shown = spans.problems if verbose else spans.problems[:_MAX_WARNINGS]
+    problems = list(spans.problems)
+    graphs = build_graphs(spans, fold_waits=fold_waits, problems=None if strict else problems)
+    shown = problems if verbose else problems[:_MAX_WARNINGS]
     for problem in shown:
         err.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False, soft_wrap=True)
-    if len(shown) < len(spans.problems):
-        err.print(f"[yellow]warning:[/] ... and {len(spans.problems) - len(shown)} more (--verbose shows all)",
+    if len(shown) < len(problems):
+        err.print(f"[yellow]warning:[/] ... and {len(problems) - len(shown)} more (--verbose shows all)",
                   highlight=False)
-    graphs = build_graphs(spans, fold_waits=fold_waits)
     dump_graphs(graphs, output, source=str(spans_file))
     if dot is not None:
         dot.write_text(to_dot(graphs), encoding="utf-8")

@@ -112,14 +112,15 @@ def _parse_pids(values: Sequence[str]) -> list[ProcessTarget]:
     targets: list[ProcessTarget] = []
     for value in values:
         label, spec = _split_named(value, "--pid")
-        pid_text, _, servers_text = spec.partition(":")
-        if not pid_text.isdigit() or (servers_text and (not servers_text.isdigit() or int(servers_text) < 1)):
-            raise click.BadParameter(f"{value!r}: expected [LABEL=]PID[:SERVERS]", param_hint="--pid")
-        pid = int(pid_text)
+        pids_text, _, servers_text = spec.partition(":")
+        pids = pids_text.split(",")
+        if not all(p.isdigit() for p in pids) or (servers_text and (not servers_text.isdigit() or int(servers_text) < 1)):
+            raise click.BadParameter(f"{value!r}: expected [LABEL=]PID[,PID...][:SERVERS]", param_hint="--pid")
+        pid, *also = (int(p) for p in pids)
         label = label or f"pid{pid}"
         if any(t.label == label for t in targets):
             raise click.BadParameter(f"{value!r}: label {label!r} given twice", param_hint="--pid")
-        targets.append(ProcessTarget(label, pid, int(servers_text) if servers_text else None))
+        targets.append(ProcessTarget(label, pid, int(servers_text) if servers_text else None, tuple(also)))
     return targets
 
 
@@ -206,8 +207,8 @@ def _render(console: Console, document: dict[str, Any], result: LoadTestResult) 
     "--pid",
     "pid_values",
     multiple=True,
-    metavar="[LABEL=]PID[:SERVERS]",
-    help="Also measure this process's CPU (with its children) as station LABEL-cpu with SERVERS servers "
+    metavar="[LABEL=]PID[,PID...][:SERVERS]",
+    help="Also measure these processes' CPU (with their children) as station LABEL-cpu with SERVERS servers "
     "(default: its threads, one per Python process). Default: the process listening on the URL's port when "
     "the URL is local, as app-cpu.",
 )

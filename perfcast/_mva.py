@@ -35,7 +35,7 @@ def _sampled(users: int, rows: int) -> list[int]:
 
 
 @click.command("mva")
-@click.argument("model_path", metavar="MODEL.toml", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_path", metavar="[MODEL.toml]", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--from", "loadtest_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Fit MVASD to a load-test result (perfcast-loadtest/1 JSON) instead of a model file.")
 @click.option("--users", "-n", type=click.IntRange(min=1), help="Largest population N (default: 100, or the largest level).")
@@ -103,7 +103,7 @@ def mva(
     result = solver(model, n)
 
     if plot is not None:
-        _plot(result, loadtest, plot)
+        _plot(result, loadtest, held, plot)
     if as_json:
         out = result.to_json()
         if held_result is not None:
@@ -150,7 +150,7 @@ def _render(result: MVAResult, held: HoldoutResult | None, rows: int, plot: Path
     console.print(f"bottleneck: [bold]{result.bottleneck}[/bold]{busy}")
     if held is not None:
         h = Table(title=f"held-out levels, predicted from {', '.join(map(str, held.fitted_users))}", title_justify="left")
-        for col in ("users", "X measured", "X predicted", "X dev", "R measured (ms)", "R predicted (ms)", "R dev"):
+        for col in ("users", "X meas", "X pred", "X dev", "R meas ms", "R pred ms", "R dev"):
             h.add_column(col, justify="right")
         for i, users in enumerate(held.users):
             mx, px = held.measured_throughput_per_s[i], held.predicted_throughput_per_s[i]
@@ -169,7 +169,7 @@ def _render(result: MVAResult, held: HoldoutResult | None, rows: int, plot: Path
         console.print(f"plot written to {plot}")
 
 
-def _plot(result: MVAResult, loadtest: LoadTest | None, path: Path) -> None:
+def _plot(result: MVAResult, loadtest: LoadTest | None, held: tuple[int, ...], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,12 +181,18 @@ def _plot(result: MVAResult, loadtest: LoadTest | None, path: Path) -> None:
     for name, demand in result.demand_s.items():
         ax_d.plot(result.users, demand * 1e3, label=name)
     if loadtest is not None:
-        users = [level.users for level in loadtest.levels]
-        ax_x.plot(users, [level.throughput_per_s for level in loadtest.levels], "o", label="measured")
-        ax_r.plot(users, [level.response_time_s * 1e3 for level in loadtest.levels], "o", label="measured")
-        ax_d.set_prop_cycle(None)
-        for name in result.demand_s:
-            ax_d.plot(users, [level.stations[name].demand_s * 1e3 for level in loadtest.levels], "o")
+        for marker, label, levels in (
+            ("o", "measured, fitted", [lv for lv in loadtest.levels if lv.users not in held]),
+            ("X", "measured, held out", [lv for lv in loadtest.levels if lv.users in held]),
+        ):
+            if not levels:
+                continue
+            users = [lv.users for lv in levels]
+            ax_x.plot(users, [lv.throughput_per_s for lv in levels], marker, color="black", label=label)
+            ax_r.plot(users, [lv.response_time_s * 1e3 for lv in levels], marker, color="black", label=label)
+            ax_d.set_prop_cycle(None)
+            for name in result.demand_s:
+                ax_d.plot(users, [lv.stations[name].demand_s * 1e3 for lv in levels], marker)
     ax_x.set(xlabel="users", ylabel="throughput (req/s)", title="Throughput")
     ax_r.set(xlabel="users", ylabel="response time (ms)", title="Response time (excl. think)")
     ax_d.set(xlabel="users", ylabel="demand (ms)", title="Service demands used")

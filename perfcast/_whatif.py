@@ -46,9 +46,10 @@ def whatif(
     \b
     Scenario kinds:
       location:RESOURCE=+20ms | location:RESOURCE=LABEL   tier:RESOURCE=LABEL
-      size:RESOURCE=6MB       load:N[?think=0ms&replicas=1&pool.RESOURCE=10]
+      size:RESOURCE=6MB       load:N[?think=0ms&replicas=1&pool.RESOURCE=10&nested=shared]
       interference:cpu=PCT    failure:RESOURCE[?replicas=2]  (failure:app = a front end)
     RESOURCE: a system (redis), host:port, a resource URL, or a name given at collection.
+    docs/whatif.md says how each change becomes node durations.
     """
     import numpy as np
 

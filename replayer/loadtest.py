@@ -284,7 +284,7 @@ async def _user(
                 if not ok:
                     recorder.error(f"HTTP {response.status}")
         except (aiohttp.ClientError, TimeoutError) as exc:
-            recorder.error(f"{type(exc).__name__}: {exc}")
+            recorder.error(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         end = time.perf_counter()
         recorder.ends.append(end)
         recorder.latencies.append(end - start)
@@ -309,7 +309,7 @@ async def _read_all(
     monitors: Sequence[HostMonitor], processes: Sequence[ProcessTarget]
 ) -> tuple[list[HostCounters], list[ProcessCounters], float]:
     hosts = asyncio.gather(*(m.read() for m in monitors))
-    procs = asyncio.gather(*(asyncio.to_thread(read_process_counters, p.pid, p.label) for p in processes))
+    procs = asyncio.gather(*(asyncio.to_thread(read_process_counters, p.pid, p.label, p.also) for p in processes))
     host_counters, proc_counters = await asyncio.gather(hosts, procs)
     own = psutil.Process().cpu_times()
     return list(host_counters), list(proc_counters), own.user + own.system

@@ -20,7 +20,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
@@ -311,6 +311,9 @@ class ProcessTarget:
     pid: int
     servers: int | None = None
     """CPUs it can use at once; ``None``: estimated (see :func:`process_utilisation`)."""
+    also: tuple[int, ...] = ()
+    """More processes (each with its children) measured with ``pid`` as one station, e.g. the database
+    backends that serve one application's connection pool."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,24 +357,29 @@ def _runqueue_wait_s(proc: psutil.Process) -> float | None:
     return total_ns / 1e9
 
 
-def read_process_counters(pid: int, label: str | None = None) -> ProcessCounters:
+def read_process_counters(pid: int, label: str | None = None, also: Sequence[int] = ()) -> ProcessCounters:
     """Read the CPU time of process ``pid`` and of its descendants (blocking; fast).
+
+    ``also`` lists more processes whose trees are counted with it.
 
     Raises
     ------
     MonitorError
         If there is no such process or it may not be inspected.
     """
-    try:
-        root = psutil.Process(pid)
-        tree = [root, *root.children(recursive=True)]
-        name = label or f"{root.name()}-{pid}"
-    except (psutil.NoSuchProcess, psutil.AccessDenied) as exc:
-        raise MonitorError(f"process {pid}: cannot be read: {exc}") from exc
+    tree: dict[int, psutil.Process] = {}
+    for root_pid in (pid, *also):
+        try:
+            root = psutil.Process(root_pid)
+            tree |= {p.pid: p for p in (root, *root.children(recursive=True))}
+            if root_pid == pid:
+                name = label or f"{root.name()}-{pid}"
+        except (psutil.NoSuchProcess, psutil.AccessDenied) as exc:
+            raise MonitorError(f"process {root_pid}: cannot be read: {exc}") from exc
     cpu: dict[int, float] = {}
     wait: dict[int, float] | None = {}
     parallelism = 0
-    for proc in tree:
+    for proc in tree.values():
         try:
             with proc.oneshot():
                 times = proc.cpu_times()

@@ -27,7 +27,9 @@ def _load_shadowed_sitecustomize(here: str) -> None:
             continue
         candidate = os.path.join(entry, "sitecustomize.py")
         if os.path.isfile(candidate):
-            spec = importlib.util.spec_from_file_location("_perfcast_shadowed_sitecustomize", candidate)
+            spec = importlib.util.spec_from_file_location(
+                "_perfcast_shadowed_sitecustomize", candidate
+            )
             if spec is not None and spec.loader is not None:
                 spec.loader.exec_module(importlib.util.module_from_spec(spec))
             return
@@ -38,11 +40,18 @@ def _start() -> None:
     _load_shadowed_sitecustomize(here)
     try:
         import collector
-        from collector.environment import settings_from_env
+        from collector.environment import SPAN_FD, settings_from_env
 
-        collector.instrument(settings=settings_from_env())
-    except Exception as exc:  # the program must run even when the collector cannot
-        print(f"perfcast: collector not installed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        settings = settings_from_env()
+        os.environ.pop(SPAN_FD, None)  # the pipe is this process's, not its children's
+        if settings.span_fd is not None:
+            os.set_inheritable(settings.span_fd, False)
+        collector.instrument(settings=settings)
+    except Exception as exc:  # noqa: BLE001 - the program must run even when the collector cannot
+        print(
+            f"perfcast: collector not installed: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
 
 
 _start()

@@ -55,11 +55,12 @@ class Trace:
 
     def sync(self, sid: int, op: str, wait: str, children: list[int], *, task: int, step: int, start: float,
              end: float, k: int | None = None, timeout: float | None = None, timed_out: bool = False,
-             resume_step: int | None = None, body_first_step: int | None = None) -> Trace:
+             resume_step: int | None = None, body_first_step: int | None = None,
+             done: list[int] | None = None) -> Trace:
         attrs: dict[str, Any] = {
             A.KIND: "sync", A.SYNC_ID: sid, A.SYNC_OP: op, A.SYNC_WAIT: wait,
             A.SYNC_K: k if k is not None else (1 if wait == "any" else max(1, len(children))),
-            A.SYNC_CHILDREN: tuple(children), A.SYNC_DONE: tuple(children), A.SYNC_TIMED_OUT: timed_out,
+            A.SYNC_CHILDREN: tuple(children), A.SYNC_DONE: tuple(children if done is None else done), A.SYNC_TIMED_OUT: timed_out,
             A.TASK_ID: task, A.TASK_STEP: step,
         }
         if timeout is not None:
@@ -124,7 +125,7 @@ def cache_hit_request(route: str = "GET /", shift: float = 0.0) -> Trace:
     return t
 
 
-def race_request(shift: float = 0.0, win: float = 3.0, lose: float = 5.0) -> Trace:
+def race_request(shift: float = 0.0, win: float = 3.0, lose: float = 5.0, wait: str = "any") -> Trace:
     """asyncio.wait(FIRST_COMPLETED) over two replicas: task 2 answers at ``win``, task 3 at ``lose``."""
     s = shift
     first = min(win, lose) + 0.1
@@ -135,5 +136,6 @@ def race_request(shift: float = 0.0, win: float = 3.0, lose: float = 5.0) -> Tra
     t.io(2, 0, s + 0.55, s + win, "postgresql", "SELECT posts", "postgresql://replica-a:5432/test")
     t.task(3, [(s + 0.6, 0.1, "io"), (s + lose, 0.1, "done")], parent=1, spawn_step=0, created=s + 0.3)
     t.io(3, 0, s + 0.65, s + lose, "postgresql", "SELECT posts", "postgresql://replica-b:5432/test")
-    t.sync(20, "wait", "any", [3, 2], task=1, step=0, start=s + 0.4, end=s + first + 0.02, resume_step=1)
+    t.sync(20, "wait", wait, [3, 2], task=1, step=0, start=s + 0.4, end=s + first + 0.02, resume_step=1,
+           done=[2 if win < lose else 3])
     return t

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import networkx as nx
 import numpy as np
 import pytest
 from spanfactory import Trace, cache_hit_request, gather_request, race_request, write
 
 from analyzer.build import build_graphs, request_graph
+from analyzer.errors import GraphError
 from analyzer.graph import CausalGraph, NodeKind, WaitMode, dump_graphs, load_graphs
 from analyzer.selfcheck import self_check
 from analyzer.spans import read_spans
+from collector import attributes as A
 
 
 def graphs_of(tmp_path: Path, *traces: Trace) -> list[CausalGraph]:
@@ -68,7 +71,12 @@ def test_control_flow_variants_are_separate_with_counts(tmp_path: Path) -> None:
 
 
 def test_race_is_an_any_wait_and_the_winner_decides(tmp_path: Path) -> None:
-    [g] = graphs_of(tmp_path, race_request(), race_request(shift=10, win=4.0, lose=2.5))
+    first, second = graphs_of(tmp_path, race_request(), race_request(shift=10, win=4.0, lose=2.5),
+                              race_request(shift=20, win=2.0, lose=9.0))
+    # a race won by the other replica is another variant
+    assert (first.count, second.count) == (2, 1)
+    assert second.node("root/wait#0").extra["won_by"] == "root/wait#0[1]/c1"
+    g = first
     sync = g.node("root/wait#0")
     assert sync.wait is WaitMode.ANY and sync.k == 1
     # children are named by creation order (asyncio.wait takes a set), not by the order the set listed them
@@ -76,7 +84,8 @@ def test_race_is_an_any_wait_and_the_winner_decides(tmp_path: Path) -> None:
     assert g.node("root/wait#0[0]/io0").resource == "postgresql://replica-a:5432/test"
     assert "root/c0" not in preds(g, "root/wait#0")  # min() over the awaiting task would be wrong
     assert self_check(g).max() < 0.01
-    assert g.latency_ms == pytest.approx((3.7, 3.2))
+    assert g.latency_ms == pytest.approx((3.7, 2.7))
+    assert sync.extra["won_by"] == "root/wait#0[0]/c1"
 
 
 def wait_for_timed_out(second_label: str = "sync:30") -> Trace:
@@ -97,7 +106,8 @@ def test_wait_for_timeout_races_a_timer(tmp_path: Path, second_label: str) -> No
     timer = g.node("root/wait_for#0/timer")
     assert timer.kind is NodeKind.TIMER and timer.timeout_ms == pytest.approx(2.0)
     assert timer.samples_ms == pytest.approx((2.0,))  # the configured timeout
-    assert preds(g, "root/wait_for#0/timer") == {"root/c0"}
+    assert preds(g, "root/wait_for#0/timer") == {"root/c0"}  # c0 ends at the call, c1 at the suspension
+    assert g.node("root/c0").samples_ms == pytest.approx((0.29,)) and preds(g, "root/c1") == {"root/c0"}
     assert preds(g, "root/wait_for#0") == {"root/wait_for#0[0]/c1", "root/wait_for#0/timer"}
     assert g.node("root/wait_for#0").wait is WaitMode.ANY
     assert self_check(g).max() < 0.01
@@ -152,7 +162,6 @@ def test_fire_and_forget_task_does_not_lead_to_end(tmp_path: Path) -> None:
     [g] = graphs_of(tmp_path, t)
     assert preds(g, "root/spawn#0/c0") == {"root/c0"}
     assert g.node("root/spawn#0/io0").samples_ms == pytest.approx((4.65,))
-    import networkx as nx
     assert "root/spawn#0/c1" not in nx.ancestors(g.dag, "end")
     assert self_check(g).max() < 0.01
 
@@ -198,6 +207,11 @@ def test_graphs_round_trip_through_the_file(tmp_path: Path) -> None:
         assert np.all(self_check(g) < 0.01)
 
 
+def test_build_from_spans_directly() -> None:
+    spans = gather_request().spans() + race_request(shift=10).spans()
+    assert [(g.route, g.count) for g in build_graphs(spans)] == [("GET /", 1), ("GET /race", 1)]
+
+
 def test_request_graph_shape_ignores_durations() -> None:
     from analyzer import spans
 
@@ -237,7 +251,8 @@ def test_wait_all_with_a_timeout_races_an_all_node_against_the_timer(tmp_path: P
     t.sync(70, "wait", "all", [2, 3], task=1, step=0, start=0.29, end=1.3, timeout=1.0, timed_out=True,
            resume_step=1)
     [g] = graphs_of(tmp_path, t)
-    assert preds(g, "root/wait#0/all") == {"root/c0", "root/wait#0[0]/c1", "root/wait#0[1]/c1"}
+    assert preds(g, "root/wait#0/all") == {"root/c1", "root/wait#0[0]/c1", "root/wait#0[1]/c1"}
+    assert preds(g, "root/wait#0/timer") == {"root/c0"}  # the timer starts at the call, 0.29 ms
     assert preds(g, "root/wait#0") == {"root/wait#0/all", "root/wait#0/timer"}
     assert g.node("root/wait#0").wait is WaitMode.ANY
     assert self_check(g).max() < 0.01
@@ -270,3 +285,108 @@ def test_unattributed_waits_make_variants_unless_folded(tmp_path: Path) -> None:
     assert c0.samples_ms == pytest.approx((1.2, 0.4, 1.2)) and c0.extra["wait_ms"] == pytest.approx([0.8, 0, 0.8])
     assert c0.cpu_ms == pytest.approx((0.4, 0.4, 0.4))
     assert self_check(g).max() < 1e-9 and all(self_check(v).max() < 1e-9 for v in plain)
+
+
+def test_contradictory_spans_are_left_out_not_crashed_on(tmp_path: Path) -> None:
+    bad = gather_request(shift=30)
+    # task 3 claims to be created after the gather that joined it completed: spawn edge and join make a cycle
+    bad.spans_[:] = [s for s in bad.spans() if not (s.perfcast_kind == "task" and s.attributes[A.TASK_ID] == 3)]
+    bad.task(3, [(32.6, 0.1, "io"), (34.0, 0.1, "done")], parent=1, spawn_step=2, created=36.7, coro="blob")
+    got = read_spans(write(tmp_path / "s.jsonl", gather_request(), bad))
+    problems: list[str] = []
+    graphs = build_graphs(got, problems=problems)
+    assert [g.count for g in graphs] == [1]
+    assert len(problems) == 1 and bad.trace_id in problems[0] and "cycle" in problems[0]
+    with pytest.raises(GraphError, match="cycle"):
+        build_graphs(got)
+
+
+# --- spans from the real collector -------------------------------------------------------------------------
+
+
+async def test_real_collector_spans_pass_the_self_check(tmp_path: Path, redis_url: str) -> None:
+    """An aiohttp app with every asyncio shape, under collector.instrument(): graphs reproduce the latencies."""
+    import asyncio
+    import contextlib
+
+    import redis.asyncio as aioredis
+    from aiohttp import ClientSession, web
+
+    import collector
+
+    spans_path = tmp_path / "spans.jsonl"
+    collector.instrument(output=spans_path, quiet=True)
+    try:
+        background: set[asyncio.Task[None]] = set()
+
+        async def slow(request: web.Request) -> web.Response:
+            await asyncio.sleep(float(request.query.get("s", "0.002")))
+            return web.Response(text="ok")
+
+        backend = web.Application()
+        backend.router.add_get("/slow", slow)
+        backend_runner = web.AppRunner(backend)
+        await backend_runner.setup()
+        await web.TCPSite(backend_runner, "127.0.0.1", 0).start()
+        base = f"http://127.0.0.1:{backend_runner.addresses[0][1]}"
+        session = ClientSession()
+        cache = aioredis.from_url(redis_url)
+
+        async def fetch(seconds: float) -> str:
+            async with session.get(f"{base}/slow", params={"s": str(seconds)}) as resp:
+                return await resp.text()
+
+        async def index(request: web.Request) -> web.Response:
+            await cache.get("perfcast:test:index")
+            await asyncio.gather(fetch(0.004), fetch(0.008))
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(fetch(0.003))
+                tg.create_task(fetch(0.005))
+            racers = [asyncio.create_task(fetch(0.002)), asyncio.create_task(fetch(0.030))]
+            _, pending = await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+            for loser in pending:
+                loser.cancel()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fetch(0.100 if request.query.get("slow") else 0.001), timeout=0.030)
+            sum(i * i for i in range(20_000))  # compute between awaits
+            task = asyncio.create_task(cache.incr("perfcast:test:views"))  # fire and forget
+            background.add(task)
+            task.add_done_callback(background.discard)
+            return web.Response(text="index")
+
+        app = web.Application()
+        app.router.add_get("/", index)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+        async with ClientSession() as client:
+            for i in range(8):
+                async with client.get(url, params={"slow": "1"} if i % 4 == 3 else {}) as resp:
+                    assert resp.status == 200
+        await asyncio.sleep(0.05)
+        await session.close()
+        await cache.aclose()
+        await runner.cleanup()
+        await backend_runner.cleanup()
+    finally:
+        collector.uninstrument()
+
+    got = read_spans(spans_path)
+    graphs = [g for g in build_graphs(got) if g.route == "GET /"]
+    assert sum(g.count for g in graphs) == 8
+    errors = np.concatenate([self_check(g) for g in graphs])
+    assert np.median(errors) < 0.05, errors
+    g = max(graphs, key=lambda g: g.count)
+    kinds = {n.label for n in g.nodes if n.kind is NodeKind.SYNC}
+    assert {"gather", "taskgroup", "wait", "wait_for"} <= kinds, kinds
+    assert g.node("root/io0").api == "redis GET"
+    assert any(n.wait is WaitMode.ANY for n in g.nodes)
+    # the fire-and-forget INCR is in the graph but does not lead to end
+    incr = [n.id for n in g.nodes if n.api.startswith("redis INCR")]
+    assert incr and not set(incr) & nx.ancestors(g.dag, "end")
+    # the requests whose timeout fired (as the collector saw it) are a variant of their own
+    timed_out = sum(1 for r in got.requests for s in r.syncs.values() if s.op == "wait_for" and s.timed_out)
+    fired = [v for v in graphs if v.node("root/wait_for#3").extra["won_by"] == "root/wait_for#3/timer"]
+    assert timed_out >= 2 and [v.count for v in fired] == [timed_out]
+    assert all(v.node("root/wait#2").extra["won_by"] == "root/wait#2[0]/c1" for v in graphs)  # the fast replica

@@ -43,6 +43,14 @@ class TestDistribution:
         assert set(d.to_json()) == {"p50", "p90", "p99", "mean", "count", "samples_ms"}
         assert "samples_ms" not in d.to_json(samples=False)
 
+    def test_quantiles_match_numpy(self) -> None:
+        x = np.random.default_rng(5).lognormal(0, 1, 777)
+        d = Distribution.of(x)
+        for q in (0.0, 0.01, 0.5, 0.9, 0.99, 1.0):
+            assert d.quantile(q) == pytest.approx(float(np.quantile(x, q)))
+        with pytest.raises(ValueError, match="q must be in"):
+            d.quantile(1.5)
+
     def test_read_only(self) -> None:
         d = Distribution.of([1.0, 2.0])
         with pytest.raises(ValueError):

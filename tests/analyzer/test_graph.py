@@ -39,7 +39,7 @@ def test_json_round_trip_is_stable(tmp_path: Path) -> None:
     dump_graphs([back], tmp_path / "h.json", source="test")
     assert (tmp_path / "g.json").read_text() == (tmp_path / "h.json").read_text()
     doc = json.loads((tmp_path / "g.json").read_text())["graphs"][0]
-    assert [n["id"] for n in doc["nodes"]][0] == "start" and doc["nodes"][-1]["id"] == "end"
+    assert doc["nodes"][0]["id"] == "start" and doc["nodes"][-1]["id"] == "end"
     assert doc["edges"][0][0] == "start" and doc["edges"][-1] == ["pick", "end"]
     assert back.node("pick").k == 2 and back.node("pick").wait is WaitMode.ANY
     assert np.allclose(back.durations()["a"], [2.0, 9.0])

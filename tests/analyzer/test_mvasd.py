@@ -70,11 +70,15 @@ class TestInterpolation:
         grid = np.linspace(1, 203, 50)
         np.testing.assert_allclose(interpolate_demands(m, grid), cubic(grid), rtol=1e-9)
 
-    def test_held_constant_outside_and_never_negative(self) -> None:
+    def test_held_constant_outside_and_within_the_measured_range(self) -> None:
         m = MeasuredDemands(DemandAxis.USERS, (1.0, 10.0, 20.0, 30.0), (0.01, 0.0001, 0.012, 0.0001))
         out = interpolate_demands(m, [0.0, 1.0, 30.0, 1000.0])
         np.testing.assert_allclose(out, [0.01, 0.01, 0.0001, 0.0001])
-        assert np.all(interpolate_demands(m, np.linspace(0, 40, 400)) >= 0)
+        grid = interpolate_demands(m, np.linspace(0, 40, 400))
+        assert grid.min() >= 0.0001 and grid.max() <= 0.012
+        # three uneven points: the parabola would go negative near 100 users; the demand stays in range
+        few = MeasuredDemands(DemandAxis.USERS, (1.0, 20.0, 203.0), (0.0075, 0.0048, 0.0039))
+        assert interpolate_demands(few, [100.0])[0] == pytest.approx(0.0039)
 
     def test_two_points_is_a_line(self) -> None:
         m = MeasuredDemands(DemandAxis.USERS, (10.0, 20.0), (0.2, 0.1))
@@ -112,6 +116,11 @@ class TestSolveMvasd:
         json_form = result.to_json()
         assert len(json_form["users"]) == len(json_form["throughput_per_s"]) == len(json_form["utilization"]["db-cpu"]) == 1500
         assert json_form["bottleneck"] == expected
+
+    def test_one_user_sees_the_demands_measured_at_one_user(self) -> None:
+        lt = LoadTest.from_json(synthetic_loadtest())
+        r = solve_mvasd(model_from_loadtest(lt), 1)
+        assert r.throughput_per_s[0] == pytest.approx(1 / (THINK + sum(true_demands(1).values())), rel=1e-12)
 
     def test_demands_against_throughput(self) -> None:
         lt = LoadTest.from_json(synthetic_loadtest())

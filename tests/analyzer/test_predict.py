@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from analyzer.errors import GraphError, ProfileError, ScenarioError
 from analyzer.graph import CausalGraph, Node, NodeKind, WaitMode
-from analyzer.predict import predict
+from analyzer.predict import cpu_slowdown, predict
 from analyzer.profiles import ProfileKey, ProfileStore
 
 REDIS = "redis://127.0.0.1:6379/0"
@@ -143,14 +144,20 @@ class TestProfiles:
 
 class TestInterference:
     def test_cpu_part_stretches(self) -> None:
-        # c: 1 ms of which 0.4 CPU; 50 % taken -> 0.6 + 0.8 = 1.4; latency 3 + 1.4
+        # c: 1 ms of which 0.4 CPU; a neighbour busy 50 % of the time: 0.6 + 0.4 / 0.75; latency 3 + that
         (p,) = predict([gather()], "interference:cpu=50", samples=500, rng=rng())
-        np.testing.assert_allclose(p.predicted.samples_ms, 4.4)
+        np.testing.assert_allclose(p.predicted.samples_ms, 3.0 + 0.6 + 0.4 / 0.75)
 
     def test_without_cpu_time_the_whole_segment_is_cpu(self) -> None:
         g = graph("GET /", [compute("c", [2.0] * 4)], [("start", "c"), ("c", "end")])
         (p,) = predict([g], "interference:cpu=75", samples=100, rng=rng())
-        np.testing.assert_allclose(p.predicted.samples_ms, 8.0)
+        np.testing.assert_allclose(p.predicted.samples_ms, 2.0 / (1 - 0.375))
+
+    def test_slowdown_grows_with_the_neighbour(self) -> None:
+        factors = [cpu_slowdown(pct) for pct in (0, 10, 50, 90, 99)]
+        assert factors[0] == 1.0
+        assert all(a < b for a, b in itertools.pairwise(factors))
+        assert factors[-1] < 2.0  # a time-shared neighbour never takes more than half the core
 
 
 class TestMixAndErrors:
@@ -183,6 +190,16 @@ class TestMixAndErrors:
         with pytest.raises(GraphError, match="cycle"):
             predict([g], "load:2", rng=rng())
 
+    def test_graph_without_latencies_and_misaligned_samples(self) -> None:
+        nodes = [Node("start", NodeKind.START, (0.0,) * 3), io("a", [1.0, 2.0, 3.0]),
+                 Node("end", NodeKind.END, (0.0,) * 3)]
+        g = CausalGraph("GET /", nodes, [("start", "a"), ("a", "end")])  # no recorded latencies
+        (p,) = predict([g], "location:redis=+1ms", samples=300, rng=rng())
+        assert values(p.predicted) == {2.0, 3.0, 4.0} and p.observed is None
+        bad = CausalGraph("GET /", [*nodes[:2], Node("end", NodeKind.END, (0.0,))], [("start", "a"), ("a", "end")])
+        with pytest.raises(GraphError, match="'end' has 1 samples, other nodes 3"):
+            predict([bad], "location:redis=+1ms", rng=rng())
+
     def test_timer_racing_work_takes_its_timeout(self) -> None:
         timer = Node("t", NodeKind.TIMER, (3.0,) * 10, timeout_ms=50.0)  # recorded: the work won after 3 ms
         race = Node("race", NodeKind.SYNC, (0.0,) * 10, wait=WaitMode.ANY)
@@ -213,6 +230,12 @@ class TestLoad:
         (p,) = predict([g], "load:4?pool.redis=2", samples=400, rng=rng())
         np.testing.assert_allclose(p.predicted.samples_ms, 2.0)
 
+    def test_other_changes_apply_under_load(self) -> None:
+        g = graph("GET /", [compute("c", [2.0] * 10), io("a", [1.0] * 10)],
+                  [("start", "c"), ("c", "a"), ("a", "end")])
+        (p,) = predict([g], "load:1; interference:cpu=50; location:redis=+4ms", samples=200, rng=rng())
+        np.testing.assert_allclose(p.predicted.samples_ms, 2.0 / 0.75 + 5.0)
+
     def test_think_time_lowers_contention(self) -> None:
         g = graph("GET /", [compute("c", [1.0] * 10)], [("start", "c"), ("c", "end")])
         (busy,) = predict([g], "load:4", samples=400, rng=rng())
@@ -226,6 +249,9 @@ class TestLoad:
         np.testing.assert_allclose(two.predicted.samples_ms, 3.0)
         np.testing.assert_allclose(one.predicted.samples_ms, 6.0)
         assert any("1 of 2 front ends" in note for note in one.notes)
+        (assumed,) = predict([g], "load:6; failure:app", samples=300, rng=rng())  # 2 replicas assumed
+        np.testing.assert_allclose(assumed.predicted.samples_ms, 6.0)
+        assert any("2 assumed" in note for note in assumed.notes)
 
     def test_concurrency_profile_under_load(self, store: ProfileStore) -> None:
         for level, ms in ((1, 1.0), (4, 4.0)):
@@ -248,3 +274,47 @@ class TestLoad:
         # the survivor of two carries twice the calls: every level doubles
         assert failed.predicted.mean > healthy.predicted.mean
         assert any("1 of 2 replicas of 'redis'" in note for note in failed.notes)
+
+
+class TestNested:
+    """Route GET /a calls GET /b over HTTP; both were traced, so the graphs hold both routes."""
+
+    @staticmethod
+    def graphs() -> list[CausalGraph]:
+        call = Node("call", NodeKind.IO, (3.0,) * 10, api="http GET /b", resource="http://127.0.0.1:8080",
+                    system="http", round_trips=(1,) * 10)
+        a = graph("GET /a", [compute("ca", [1.0] * 10), call], [("start", "ca"), ("ca", "call"), ("call", "end")])
+        b = CausalGraph("GET /b", [Node("start", NodeKind.START, (0.0,) * 10), compute("cb", [2.0] * 10),
+                                   Node("end", NodeKind.END, (0.0,) * 10)],
+                        [("start", "cb"), ("cb", "end")], latency_ms=[2.0] * 10)
+        return [a, b]
+
+    def test_one_user_keeps_the_recorded_call(self) -> None:
+        # the call = the sub-request (2 ms) + its client side (3 - 2 ms): GET /a takes 1 + 3 as recorded
+        a, b = predict(self.graphs(), "load:1", samples=300, rng=rng())
+        np.testing.assert_allclose(a.predicted.samples_ms, 4.0)
+        np.testing.assert_allclose(b.predicted.samples_ms, 2.0)
+        assert any("users issue GET /a" in note for note in a.notes)
+
+    def test_sub_requests_share_the_loop(self) -> None:
+        # one loop serves 1 + 2 ms per user request: 3 users saturate it, 3 x 3 ms each
+        a, _ = predict(self.graphs(), "load:3", samples=600, rng=rng())
+        assert 8.5 <= a.predicted.p50 <= 9.5
+        # the called service on its own loop: its 2 ms is the bottleneck, 3 x 2 ms
+        a, _ = predict(self.graphs(), "load:3?nested=separate", samples=600, rng=rng())
+        assert 5.5 <= a.predicted.p50 <= 6.5
+
+    def test_off_issues_every_route(self) -> None:
+        a, b = predict(self.graphs(), "load:1?nested=off", samples=600, rng=rng())
+        np.testing.assert_allclose(a.predicted.samples_ms, 4.0)
+        assert not any("nested" in note for note in a.notes)
+        assert b.predicted.count > 100  # users issue GET /b themselves
+
+
+def test_load_mixes_variants_by_request_count() -> None:
+    fast = graph("GET /", [compute("c", [1.0] * 300)], [("start", "c"), ("c", "end")], variant=0)
+    slow = graph("GET /", [compute("c", [10.0] * 100)], [("start", "c"), ("c", "end")], variant=1)
+    (p,) = predict([fast, slow], "load:1", samples=4000, rng=rng())
+    for dist in (p.predicted, p.baseline):
+        share = float(np.mean(dist.samples_ms == 10.0))
+        assert 0.21 < share < 0.29

@@ -93,3 +93,12 @@ def test_summaries(gather_graph: CausalGraph, race_graph: CausalGraph) -> None:
     s = CheckSummary.of([0.0, 0.1, 0.2, 0.3, 1.0])
     assert (s.count, s.median, s.max) == (5, pytest.approx(0.2), 1.0)
     assert CheckSummary.of([]).count == 0
+
+
+def test_a_race_the_collector_recorded_as_all_of_shows(tmp_path: Path) -> None:
+    # Durations come from what the point reported done (the winner), edges from its children and wait mode:
+    # a wrong wait mode in the spans cannot make the check pass.
+    traces = [race_request(shift=20 * i, win=2.0 + i, lose=9.0, wait="all") for i in range(3)]
+    [graph] = build_graphs(read_spans(write(tmp_path / "r.jsonl", *traces)))
+    assert graph.node("root/wait#0").wait is WaitMode.ALL
+    assert np.all(self_check(graph) > 0.5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -160,3 +161,16 @@ def test_two_requests_in_one_trace_get_their_own_tasks(tmp_path: Path) -> None:
                                                                          ("GET /blob/{id}", [50])]
     assert all(r.trace_id == outer.trace_id for r in got.requests)
     assert got.requests[0].start_ns == ns(-0.1)
+
+
+def test_io_span_naming_a_task_that_was_not_running_is_reattributed(tmp_path: Path) -> None:
+    trace = gather_request()
+    sql = next(s for s in trace.spans() if s.name == "SELECT posts")
+    wrong = dataclasses.replace(sql, attributes={**sql.attributes, A.TASK_ID: 3, A.TASK_STEP: 5})
+    trace.spans_[trace.spans_.index(sql)] = wrong
+    got = read_spans(write(tmp_path / "s.jsonl", trace))
+    [req] = got.requests
+    [io] = [io for io in req.ios if io.operation == "SELECT posts"]
+    assert (io.task_id, io.task_step) == (2, 0)
+    [problem] = got.problems
+    assert f"io span {sql.span_id}" in problem and "attributed to task 2 step 0" in problem

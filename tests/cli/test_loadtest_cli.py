@@ -13,8 +13,11 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
+from perfcast._loadtest import level_stations, to_document
 from perfcast.cli import main
 from replayer.agent import create_app
+from replayer.loadtest import LevelResult, LoadTestConfig, LoadTestError, LoadTestResult
+from replayer.monitor import HostUtilisation, ProcessUtilisation
 
 
 def _serve_in_thread(app: web.Application) -> Iterator[str]:
@@ -100,7 +103,14 @@ def test_bad_users_list_is_a_usage_error(app_url: str) -> None:
 def test_bad_pid_is_a_usage_error(app_url: str) -> None:
     result = CliRunner().invoke(main, ["loadtest", "--url", app_url, "--users", "1", "--pid", "app=abc"])
     assert result.exit_code == 2
-    assert "expected [LABEL=]PID[:SERVERS]" in result.output
+    assert "expected [LABEL=]PID[,PID...][:SERVERS]" in result.output
+
+
+def test_pid_groups_are_parsed() -> None:
+    from perfcast._loadtest import _parse_pids
+    from replayer.monitor import ProcessTarget
+
+    assert _parse_pids(["db=10,11,12:2", "7"]) == [ProcessTarget("db", 10, 2, (11, 12)), ProcessTarget("pid7", 7)]
 
 
 def test_unreachable_url_exits_1_naming_it(tmp_path: Path) -> None:
@@ -146,3 +156,41 @@ def test_agent_command_serves_metrics() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _level(completed: int = 100, *hosts: HostUtilisation) -> LevelResult:
+    return LevelResult(
+        users=10, duration_s=10.0, completed=completed, errors=0 if completed else 5,
+        throughput_per_s=completed / 10.0, response_time_s=0.05, response_time_p50_s=0.04,
+        response_time_p90_s=0.08, response_time_p99_s=0.1, think_time_s=1.0, generator_busy_cpus=0.1,
+        hosts=hosts, processes=(ProcessUtilisation("app", 1, 10.0, 1, 0.5, 0.1),),
+        error_examples=() if completed else ("HTTP 503",),
+    )
+
+
+def _host(name: str, bandwidth: float) -> HostUtilisation:
+    return HostUtilisation(name, 10.0, 4, 2.0, 1, 0.25, 0.0, 0.0, 1.25e6, 2.5e6, bandwidth)
+
+
+def test_level_stations_by_hand() -> None:
+    stations = level_stations(_level(100, _host("web", 125e6), _host("db", 0.0)), ["host", "agent"])
+    # X = 10/s: 2 busy CPUs -> 200 ms per request; disk 25 ms; 1.25 MB/s of 125 MB/s -> 1% of the link
+    assert stations["web-cpu"].demand_s == pytest.approx(0.2) and stations["web-cpu"].servers == 4
+    assert stations["web-disk"].demand_s == pytest.approx(0.025)
+    assert stations["web-net-tx"].utilization == pytest.approx(0.01)
+    assert stations["web-net-rx"].utilization == pytest.approx(0.02)
+    assert "db-net-tx" not in stations  # bandwidth unknown: no network station
+    assert stations["db-cpu"].source == "agent"
+    assert stations["app-cpu"].demand_s == pytest.approx(0.05) and stations["app-cpu"].source == "process"
+
+
+def test_same_station_twice_is_an_error() -> None:
+    with pytest.raises(LoadTestError, match="two monitors give station 'web-cpu'"):
+        level_stations(_level(100, _host("web", 0.0), _host("web", 0.0)), ["host", "agent"])
+
+
+def test_level_without_successes_is_an_error() -> None:
+    config = LoadTestConfig(url="http://h/", users=(10,), think_time_s=1.0, duration_s=10.0)
+    result = LoadTestResult(config, (_level(0),))
+    with pytest.raises(LoadTestError, match=r"level users=10: no request succeeded .*\(5 errors: HTTP 503\)"):
+        to_document(result, [])

@@ -34,9 +34,12 @@ def loadtest() -> dict[str, object]:
         levels.append({
             "users": users, "throughput_per_s": x, "response_time_s": users / x - 1.0,
             "stations": {
-                "cpu": {"utilization": cpu * x / 16, "demand_s": cpu, "servers": 16, "visits": 1},
+                "cpu": {"utilization": cpu * x / 16, "demand_s": cpu, "servers": 16, "visits": 1,
+                        "busy_servers": cpu * x, "source": "host"},
                 "disk": {"utilization": disk * x, "demand_s": disk, "servers": 1, "visits": 1},
             },
+            # fields perfcast loadtest also writes, which mva does not need
+            "completed": 1000, "errors": 0, "response_time_p90_s": 0.03, "hosts": {"web1": {"cpu_busy_servers": 1}},
         })
     return {"format": "perfcast-loadtest/1", "think_time_s": 1.0, "levels": levels}
 
@@ -116,3 +119,11 @@ def test_usage_errors(files: tuple[Path, Path]) -> None:
     assert run(str(files[0]), "--from", str(files[1]))[0] == 2
     assert run("--from", str(files[1]), "--holdout", "1,x")[0] == 2
     assert run(str(files[0]), "--users", "0")[0] == 2
+
+
+def test_demands_against_throughput(files: tuple[Path, Path]) -> None:
+    code, out, _ = run("--from", str(files[1]), "--demands-vs", "throughput", "--users", "300", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["method"] == "mvasd" and len(data["demand_s"]["cpu"]) == 300
+    assert data["demand_s"]["cpu"][0] == pytest.approx(0.0075)  # X(0) = 0: the first measured demand

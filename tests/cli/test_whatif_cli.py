@@ -92,6 +92,14 @@ def test_errors(graphs_file: Path, args: list[str], message: str) -> None:
     assert message in out
 
 
+def test_route_filter(graphs_file: Path) -> None:
+    code, out = run(str(graphs_file), "-s", "load:2", "--route", "GET /post/{id}", "--json", "--samples", "50")
+    assert code == 0, out
+    assert [p["route"] for p in json.loads(out)["scenarios"][0]["predictions"]] == ["GET /post/{id}"]
+    code, out = run(str(graphs_file), "-s", "load:2", "--route", "GET /nope")
+    assert code == 1 and "ScenarioError: unknown route 'GET /nope'; the graphs have: GET /post/{id}" in out
+
+
 def test_bad_graphs_file(tmp_path: Path) -> None:
     bad = tmp_path / "g.json"
     bad.write_text('{"format": "perfcast-graphs/1", "graphs": [{"route": "x"}]}')

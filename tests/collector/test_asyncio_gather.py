@@ -25,7 +25,9 @@ async def test_gather_joins_all_children_in_argument_order(collected):
     assert first[A.TASK_PARENT_ID] == me and first[A.TASK_SPAWN_STEP] == a[A.TASK_STEP]
     parent = collected.task(me)
     step = a[A.TASK_STEP]
-    assert parent[A.STEPS_AWAITS][step - parent[A.STEPS_FIRST]] == f"sync:{a[A.SYNC_ID]}"
+    assert (
+        parent[A.STEPS_AWAITS][step - parent[A.STEPS_FIRST]] == f"sync:{a[A.SYNC_ID]}"
+    )
     assert a[A.SYNC_RESUME_STEP] == step + 1
 
 
@@ -38,5 +40,7 @@ async def test_gather_with_an_exception_still_reports_the_children(collected):
         out = await asyncio.gather(boom(), work(0.001), return_exceptions=True)
     assert isinstance(out[0], ValueError)
     (sync,) = collected.sync("gather")
-    outcomes = [collected.task(c)[A.TASK_OUTCOME] for c in sync.attributes[A.SYNC_CHILDREN]]
+    outcomes = [
+        collected.task(c)[A.TASK_OUTCOME] for c in sync.attributes[A.SYNC_CHILDREN]
+    ]
     assert outcomes == ["error", "ok"]

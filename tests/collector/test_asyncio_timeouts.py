@@ -16,7 +16,12 @@ async def test_wait_for_in_time(collected):
         assert await asyncio.wait_for(work(0.001), 1.0) == 0.001
     (sync,) = collected.sync("wait_for")
     a = sync.attributes
-    assert (a[A.SYNC_WAIT], a[A.SYNC_K], a[A.SYNC_TIMEOUT_NS], a[A.SYNC_TIMED_OUT]) == ("any", 1, 10**9, False)
+    assert (a[A.SYNC_WAIT], a[A.SYNC_K], a[A.SYNC_TIMEOUT_NS], a[A.SYNC_TIMED_OUT]) == (
+        "any",
+        1,
+        10**9,
+        False,
+    )
     (child,) = a[A.SYNC_CHILDREN]
     assert collected.task(child)[A.TASK_OUTCOME] == "ok"
 
@@ -47,11 +52,17 @@ async def test_timeout_context_manager(collected, delay, timed_out):
             assert timed_out
     (sync,) = collected.sync("timeout")
     a = sync.attributes
-    assert (a[A.SYNC_WAIT], a[A.SYNC_TIMED_OUT], list(a[A.SYNC_CHILDREN])) == ("any", timed_out, [])
+    assert (a[A.SYNC_WAIT], a[A.SYNC_TIMED_OUT], list(a[A.SYNC_CHILDREN])) == (
+        "any",
+        timed_out,
+        [],
+    )
     assert 0 < a[A.SYNC_TIMEOUT_NS] <= 20_000_000
     parent = collected.task(me)
     body = a[A.SYNC_BODY_FIRST_STEP] - parent[A.STEPS_FIRST]
-    assert parent[A.STEPS_AWAITS][body] == f"sleep:{int(delay * 1e9)}"  # the inline body sleeps in the task
+    assert (
+        parent[A.STEPS_AWAITS][body] == f"sleep:{int(delay * 1e9)}"
+    )  # the inline body sleeps in the task
     assert a[A.SYNC_RESUME_STEP] == a[A.SYNC_BODY_FIRST_STEP] + 1
 
 
@@ -61,4 +72,6 @@ async def test_shield(collected):
     (sync,) = collected.sync("shield")
     a = sync.attributes
     assert (a[A.SYNC_WAIT], a[A.SYNC_K]) == ("all", 1)
-    assert list(a[A.SYNC_DONE]) == list(a[A.SYNC_CHILDREN]) and a[A.SYNC_CHILDREN][0] > 0
+    assert (
+        list(a[A.SYNC_DONE]) == list(a[A.SYNC_CHILDREN]) and a[A.SYNC_CHILDREN][0] > 0
+    )

@@ -17,7 +17,7 @@ async def work(delay: float) -> float:
 async def test_wait_semantics(collected, return_when, wait, k, done_count):
     with collected.tracer.start_as_current_span("request"):
         fast, slow = asyncio.create_task(work(0.005)), asyncio.create_task(work(0.05))
-        done, pending = await asyncio.wait([fast, slow], return_when=return_when)
+        _done, pending = await asyncio.wait([fast, slow], return_when=return_when)
         for p in pending:
             p.cancel()
     (sync,) = collected.sync("wait")
@@ -34,7 +34,9 @@ async def test_wait_first_exception_becomes_any_when_a_child_raises(collected):
 
     with collected.tracer.start_as_current_span("request"):
         bad, slow = asyncio.create_task(boom()), asyncio.create_task(work(0.05))
-        done, pending = await asyncio.wait([bad, slow], return_when=asyncio.FIRST_EXCEPTION)
+        done, _pending = await asyncio.wait(
+            [bad, slow], return_when=asyncio.FIRST_EXCEPTION
+        )
         assert done == {bad}
         slow.cancel()
         bad.exception()
@@ -45,7 +47,7 @@ async def test_wait_first_exception_becomes_any_when_a_child_raises(collected):
 async def test_wait_timeout_is_recorded(collected):
     with collected.tracer.start_as_current_span("request"):
         slow = asyncio.create_task(work(0.2))
-        done, pending = await asyncio.wait([slow], timeout=0.01)
+        await asyncio.wait([slow], timeout=0.01)
         slow.cancel()
     (sync,) = collected.sync("wait")
     assert sync.attributes[A.SYNC_TIMEOUT_NS] == 10_000_000

@@ -9,7 +9,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import collector
 from collector import _tasks
 
-request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "request_id", default="-"
+)
 
 
 async def scenario() -> list[object]:
@@ -36,7 +38,12 @@ async def scenario() -> list[object]:
 
     request_id.set("r1")
     seen.append(await asyncio.gather(child(1), child(2)))
-    seen.append([repr(r) for r in await asyncio.gather(fail(), child(1), return_exceptions=True)])
+    seen.append(
+        [
+            repr(r)
+            for r in await asyncio.gather(fail(), child(1), return_exceptions=True)
+        ]
+    )
     try:
         await asyncio.gather(fail(), asyncio.sleep(0.003))
     except KeyError as exc:
@@ -47,7 +54,15 @@ async def scenario() -> list[object]:
     try:
         await t
     except asyncio.CancelledError as exc:
-        seen.append(("cancelled", exc.args, t.get_name(), t.cancelled(), t.get_coro().__qualname__))
+        seen.append(
+            (
+                "cancelled",
+                exc.args,
+                t.get_name(),
+                t.cancelled(),
+                t.get_coro().__qualname__,
+            )
+        )
     try:
         await asyncio.wait_for(forever(), 0.001)
     except TimeoutError as exc:
@@ -59,7 +74,10 @@ async def scenario() -> list[object]:
     except* KeyError as group:
         seen.append(("group", [type(e).__name__ for e in group.exceptions]))
     seen.append(await asyncio.shield(child(2)))
-    pair = [asyncio.create_task(child(2)), asyncio.create_task(child(1))]  # (coroutines: set order)
+    pair = [
+        asyncio.create_task(child(2)),
+        asyncio.create_task(child(1)),
+    ]  # (coroutines: set order)
     seen.append([await f for f in asyncio.as_completed(pair)])
     seen.append(request_id.get())
     return seen

@@ -7,7 +7,7 @@ from collector import attributes as A
 
 async def test_time_sleep_on_the_loop_is_blocking(collected):
     with collected.tracer.start_as_current_span("request"):
-        time.sleep(0.001)
+        time.sleep(0.001)  # noqa: ASYNC251 - the blocking call under test
     (span,) = collected.of_kind("blocking")
     assert span.attributes[A.BLOCKING_CALL] == "time.sleep"
     assert A.TASK_ID in span.attributes
@@ -19,7 +19,9 @@ async def test_blocking_socket_and_sqlite3(collected, tmp_path):
     with collected.tracer.start_as_current_span("request"):
         client = socket.create_connection(server.getsockname())
         client.sendall(b"ping")
-        db.cursor().execute("SELECT 1")  # (Connection.execute is a C shortcut the contrib does not trace)
+        db.cursor().execute(
+            "SELECT 1"
+        )  # (Connection.execute is a C shortcut the contrib does not trace)
     client.close()
     server.close()
     db.close()

@@ -35,7 +35,11 @@ def _run_collect(tmp_path: Path, *prefix: str) -> subprocess.CompletedProcess[st
     out = tmp_path / "spans.jsonl"
     return subprocess.run(
         [*prefix, "-o", str(out), "--", sys.executable, str(script), "7"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=False,
     )
 
 
@@ -43,7 +47,9 @@ def test_perfcast_collect_writes_otlp_json_lines_and_passes_the_exit_code(tmp_pa
     proc = _run_collect(tmp_path, sys.executable, "-m", "perfcast.cli", "collect")
     assert proc.returncode == 7, proc.stderr
     assert "app output" in proc.stdout
-    assert "perfcast: spans written=" in proc.stderr and "internal_errors=0" in proc.stderr
+    assert (
+        "perfcast: spans written=" in proc.stderr and "internal_errors=0" in proc.stderr
+    )
     lines = (tmp_path / "spans.jsonl").read_text().splitlines()
     spans = []
     for line in lines:
@@ -56,10 +62,14 @@ def test_perfcast_collect_writes_otlp_json_lines_and_passes_the_exit_code(tmp_pa
         assert len(span["traceId"]) == 32 and len(span["spanId"]) == 16
         int(span["startTimeUnixNano"])
         attrs = {a["key"]: a["value"] for a in span.get("attributes", [])}
-        kinds.setdefault(attrs.get("perfcast.kind", {}).get("stringValue"), []).append(attrs)
+        kinds.setdefault(attrs.get("perfcast.kind", {}).get("stringValue"), []).append(
+            attrs
+        )
     assert len(kinds["task"]) == 3 and len(kinds["sync"]) == 1
     sync = kinds["sync"][0]
-    assert [v["intValue"] for v in sync["perfcast.sync.children"]["arrayValue"]["values"]] != []
+    assert [
+        v["intValue"] for v in sync["perfcast.sync.children"]["arrayValue"]["values"]
+    ] != []
 
 
 def test_python_m_collector_is_the_same_command(tmp_path):
@@ -94,3 +104,71 @@ def test_a_full_queue_drops_and_counts():
     assert summary.written == slow.exported
     # the drop check races the export thread by at most a few spans
     assert 200 <= summary.written + summary.dropped <= 205
+
+
+async def test_fast_encoder_matches_the_protobuf_reference(collected):
+    import asyncio
+
+    from opentelemetry.trace import Status, StatusCode
+
+    from collector._export import encode_otlp_json, to_otlp_json
+
+    async def work() -> None:
+        await asyncio.sleep(0)
+
+    tracer = collected.provider.get_tracer("tests", "1.0")
+    with tracer.start_as_current_span(
+        "request", attributes={"f": 1.5, "b": False, "z": 0, "s": "", "e": []}
+    ) as span:
+        span.add_event("event", {"a": 1})
+        span.set_status(Status(StatusCode.ERROR, "bad"))
+        await asyncio.gather(work(), work())
+    spans = collected.stop()
+    assert {s.attributes.get("perfcast.kind") for s in spans} >= {"task", "sync"}
+    assert encode_otlp_json(spans) == to_otlp_json(spans)
+
+
+def test_otlp_http_export_when_the_standard_variable_is_set(monkeypatch):
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    received: list[ExportTraceServiceRequest] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            received.append(request)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}"
+    )
+    try:
+        provider = collector.instrument(output=None, quiet=True)
+        provider.get_tracer("t").start_span("hello").end()
+        summary = collector.uninstrument()
+    finally:
+        server.shutdown()
+        server.server_close()
+    names = [
+        s.name
+        for r in received
+        for rs in r.resource_spans
+        for ss in rs.scope_spans
+        for s in ss.spans
+    ]
+    assert names == ["hello"] and summary.written == 1

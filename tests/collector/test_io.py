@@ -3,7 +3,6 @@ import os
 
 import aiosqlite
 import asyncpg
-import pytest
 import redis.asyncio as aioredis
 from aiohttp import ClientSession, web
 
@@ -28,8 +27,13 @@ async def test_redis_commands_and_pipeline(collected, redis_url):
     spans = io_spans(collected, "redis")
     gets = [s for s in spans if s.attributes[A.IO_OPERATION] == "GET"]
     assert len(gets) == 10 and all(s.attributes[A.IO_ROUND_TRIPS] == 1 for s in gets)
-    assert all(s.attributes[A.IO_REQUEST_BYTES] > 0 and s.attributes[A.IO_RESPONSE_BYTES] > 0 for s in gets)
-    (pipeline,) = [s for s in spans if s.attributes[A.IO_OPERATION].startswith("PIPELINE")]
+    assert all(
+        s.attributes[A.IO_REQUEST_BYTES] > 0 and s.attributes[A.IO_RESPONSE_BYTES] > 0
+        for s in gets
+    )
+    (pipeline,) = [
+        s for s in spans if s.attributes[A.IO_OPERATION].startswith("PIPELINE")
+    ]
     assert pipeline.attributes[A.IO_ROUND_TRIPS] == 1
     assert pipeline.attributes[A.IO_RESOURCE] == "redis://127.0.0.1:6379/0"
     assert all(A.TASK_ID in s.attributes for s in spans)
@@ -40,7 +44,11 @@ async def test_postgres_first_execution_takes_two_round_trips(collected, postgre
     with collected.tracer.start_as_current_span("request"):
         await conn.fetch("SELECT 1 AS x FROM pg_class LIMIT 1")
     await conn.close()
-    (span,) = [s for s in io_spans(collected, "postgresql") if s.attributes[A.IO_OPERATION] == "SELECT pg_class"]
+    (span,) = [
+        s
+        for s in io_spans(collected, "postgresql")
+        if s.attributes[A.IO_OPERATION] == "SELECT pg_class"
+    ]
     assert span.attributes[A.IO_ROUND_TRIPS] >= 2
     assert span.attributes[A.IO_RESOURCE] == "postgresql://127.0.0.1:5432/test"
 
@@ -82,7 +90,10 @@ async def test_aiosqlite(collected, tmp_path):
     spans = io_spans(collected, "sqlite")
     ops = [s.attributes[A.IO_OPERATION] for s in spans]
     assert "SELECT posts" in ops
-    assert all(s.attributes[A.IO_RESOURCE] == f"sqlite:///{os.path.abspath(path)}" for s in spans)
+    assert all(
+        s.attributes[A.IO_RESOURCE] == f"sqlite:///{os.path.abspath(path)}"
+        for s in spans
+    )
     assert all(s.attributes[A.IO_ROUND_TRIPS] == 0 for s in spans)
 
 

@@ -23,7 +23,9 @@ async def test_compute_steps_have_wall_at_least_cpu(collected):
     steps = collected.task(me)
     walls, cpus = steps[A.STEPS_WALL_NS], steps[A.STEPS_CPU_NS]
     assert all(w >= c >= 0 for w, c in zip(walls, cpus))
-    assert cpus[0] >= 5_000_000 and cpus[1] >= 5_000_000  # each busy step burnt 5 ms of CPU
+    assert (
+        cpus[0] >= 5_000_000 and cpus[1] >= 5_000_000
+    )  # each busy step burnt 5 ms of CPU
     assert cpus[2] < cpus[0]  # the step after sleep(0) has no busy loop
     assert steps[A.STEPS_AWAITS][:3] == ["sleep:2000000", "sleep:0", "sleep:0"]
     starts = steps[A.STEPS_START_NS]
@@ -38,11 +40,16 @@ async def test_untraced_steps_are_not_recorded(collected):
 
 
 def test_chunks_cut_at_the_size_limit():
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
+
     import collector
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    provider = collector.instrument(output=None, exporter=exporter, quiet=True, chunk_steps=4)
+    provider = collector.instrument(
+        output=None, exporter=exporter, quiet=True, chunk_steps=4
+    )
 
     async def main() -> int:
         with provider.get_tracer("t").start_as_current_span("request"):
@@ -55,11 +62,17 @@ def test_chunks_cut_at_the_size_limit():
         me = asyncio.run(main())
     finally:
         collector.uninstrument()
-    chunks = [s for s in exporter.get_finished_spans() if s.attributes.get(A.KIND) == "task" and s.attributes[A.TASK_ID] == me]
+    chunks = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.attributes.get(A.KIND) == "task" and s.attributes[A.TASK_ID] == me
+    ]
     firsts = sorted(c.attributes[A.STEPS_FIRST] for c in chunks)
     assert firsts == [0, 4, 8]
-    assert [c.attributes[A.TASK_OUTCOME] for c in sorted(chunks, key=lambda c: c.attributes[A.STEPS_FIRST])] == [
-        "running", "running", "ok"]
+    assert [
+        c.attributes[A.TASK_OUTCOME]
+        for c in sorted(chunks, key=lambda c: c.attributes[A.STEPS_FIRST])
+    ] == ["running", "running", "ok"]
 
 
 async def test_direct_await_of_a_task(collected):
@@ -86,5 +99,7 @@ async def test_a_request_handled_in_one_step_is_recorded(collected):
     steps = collected.task(child)
     assert steps[A.STEPS_AWAITS] == ["done"]
     (request,) = [s for s in collected.stop() if s.name == "request"]
-    (chunk,) = [s for s in collected.of_kind("task") if s.attributes[A.TASK_ID] == child]
+    (chunk,) = [
+        s for s in collected.of_kind("task") if s.attributes[A.TASK_ID] == child
+    ]
     assert chunk.parent.span_id == request.context.span_id

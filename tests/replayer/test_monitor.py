@@ -145,3 +145,14 @@ def test_pid_listening_on_finds_this_process() -> None:
         port = server.getsockname()[1]
         assert pid_listening_on(port) == os.getpid()
     assert pid_listening_on(port) is None
+
+
+def test_several_processes_as_one_station() -> None:
+    parent = os.getppid()
+    c = read_process_counters(os.getpid(), "group", also=(parent,))
+    assert c.label == "group" and c.pid == os.getpid()
+    # the parent's tree contains this process too: each process is counted once
+    assert parent in c.cpu_s_by_pid and os.getpid() in c.cpu_s_by_pid
+    assert len(c.cpu_s_by_pid) == len(set(c.cpu_s_by_pid))
+    with pytest.raises(MonitorError, match="process 999999999"):
+        read_process_counters(os.getpid(), also=(999999999,))

@@ -1,0 +1,243 @@
+"""Accuracy of what-if predictions on the example forum app, against each scenario applied for real.
+
+WebPerf's evaluation (Jiang et al., SIGCOMM 2016, section 6.2): for every scenario, predict the latency
+distribution from today's spans and offline profiles, then deploy the scenario for real, measure, and score the
+prediction by the vertical deviations |F1(x) - F2(x)| of the two CDFs (median, and the max: the KS D).
+Goal: median deviation < 5 % and KS D < 0.15 for every scenario (WebPerf reports medians under 7 %).
+
+Steps:
+1. baseline: the forum app under the collector, one user, ``--requests`` requests (``replayer.groundtruth``);
+2. graphs from the spans of the measured window (warm-up left out);
+3. profiles the engine needs: the blob service's ``GET /blob/{id}`` at today's and the bigger payload size
+   (``size`` scenario), measured through the same proxy the app uses;
+4. per scenario: predict (``analyzer.predict``), apply it for real (proxy delay, users, CPU hog, payload,
+   a failed replica behind a balancer) with the app under the collector again, and compare the predicted
+   distribution with the server-side latencies of the ground-truth run, per route.
+
+Real Redis and PostgreSQL are used when they answer on 127.0.0.1 (``--embedded`` forces the app's SQLite and
+the blob service's cache). Raw results go to ``benchmarks/results/whatif_accuracy.json``. Run::
+
+    python benchmarks/whatif_accuracy.py [--requests 300] [--users 16] [--embedded] [--only location-blob,load]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analyzer.accuracy import cdf_deviation
+from analyzer.build import build_graphs
+from analyzer.errors import AnalyzerError
+from analyzer.graph import dump_graphs
+from analyzer.predict import predict
+from analyzer.profiles import ProfileStore
+from analyzer.profiling import HttpTarget, StopRule, profile_target
+from analyzer.spans import read_spans
+from replayer.groundtruth import (
+    BLOB_NAME,
+    Applied,
+    ForumSetup,
+    GroundTruth,
+    deploy,
+    measure,
+)
+
+RESULTS = Path(__file__).with_name("results")
+REDIS_URL = "redis://127.0.0.1:6379/0"
+POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+ROUTES = ("GET /", "GET /post/{id}")
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One scenario: the spec the engine predicts, and the same scenario applied for real."""
+
+    name: str
+    spec: str
+    applied: Applied
+    users: int = 1
+    pin: bool = False
+    """Give the app core 0 and everything else the other cores (``ForumSetup.pin``)."""
+
+
+def _reachable(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _cases(setup: ForumSetup, users: int, big: int) -> list[Case]:
+    """The scenarios; ``{redis}`` / ``{postgres}`` in a spec stand for the proxy's host:port in the baseline."""
+    cases = [Case("location-blob", f"location:{BLOB_NAME}=+20ms", Applied(added_ms=(("blob", 20.0),)))]
+    if setup.redis_url:
+        cases.append(Case("location-redis", "location:{redis}=+10ms", Applied(added_ms=(("redis", 10.0),))))
+    if setup.postgres_url:
+        cases.append(Case("location-postgres", "location:{postgres}=+10ms",
+                          Applied(added_ms=(("postgres", 10.0),))))
+    if setup.redis_url:  # without Redis the blob service is the cache too, and /kv calls have no size profile
+        cases.append(Case("size", f"size:{BLOB_NAME}={big}", Applied(payload_bytes=big)))
+    cases += [
+        Case("load", f"load:{users}", Applied(), users),
+        # The app and the hog share core 0, everything else has core 1: the neighbour slows the front end only.
+        Case("interference", "interference:cpu=50", Applied(cpu_pct=50.0), pin=True),
+        Case("failure", f"load:{users // 2}?replicas=2; failure:app", Applied(app_replicas=2, failed_replicas=1),
+             users // 2),
+    ]
+    return cases
+
+
+def _baseline(setup: ForumSetup, requests: int, spans: Path, status: Any) -> tuple[GroundTruth, list[Any]]:
+    """One user under the collector; the graphs of the measured window's requests."""
+    base = measure(setup, requests=requests, spans=spans, on_step=status)
+    reqs = [r for r in read_spans(base.spans[0]).requests
+            if base.window_ns[0] <= r.start_ns and r.end_ns <= base.window_ns[1]]
+    graphs = [g for g in build_graphs(reqs) if g.route in ROUTES]
+    dump_graphs(graphs, spans.with_suffix(".graphs.json"), source=str(spans))
+    status(f"baseline: {len(reqs)} requests -> {len(graphs)} graph variants")
+    return base, graphs
+
+
+def _profile_sizes(setup: ForumSetup, store: ProfileStore, sizes: list[int], budget_s: float) -> None:
+    """``http GET /blob/{id}`` of the blob service at each size, through the proxy the app uses."""
+    import asyncio
+
+    rule = StopRule(rse=0.01, min_count=200, budget_s=budget_s)
+    with deploy(setup) as d:
+        # size:blob applies to every call to the blob service: the ads it also serves are profiled at the same
+        # sizes (their latency does not depend on it), so that the engine has a size profile for each.
+        for url in (f"{d.blob_url}/blob/1?bytes={{size}}", f"{d.blob_url}/ad?user=1&bytes={{size}}"):
+            asyncio.run(profile_target(HttpTarget(url), sizes=sizes, rule=rule, store=store,
+                                       note="whatif_accuracy: blob sizes"))
+
+
+def _row(case: Case, route: str, pred: Any, truth: GroundTruth) -> dict[str, Any]:
+    measured = np.asarray(truth.latencies(route), dtype=np.float64)
+    dev = cdf_deviation(pred.predicted.samples_ms, measured)
+    return {
+        "scenario": case.name, "spec": case.spec, "route": route, "requests": int(measured.size),
+        "users": case.users,
+        "baseline": pred.baseline.summary(),
+        "predicted": pred.predicted.summary(),
+        "measured": {"p50": float(np.median(measured)), "p90": float(np.quantile(measured, 0.9)),
+                     "p99": float(np.quantile(measured, 0.99)), "mean": float(measured.mean())},
+        "median_deviation": dev.median, "mean_deviation": dev.mean, "ks_d": dev.max,
+        "notes": list(pred.notes),
+        "measured_ms": measured.round(4).tolist(),
+    }
+
+
+def _compute_per_request(graphs: list[Any]) -> float:
+    """Mean over the baseline's requests of the summed durations of their compute nodes (ms)."""
+    from analyzer.graph import NodeKind
+
+    total = count = 0.0
+    for g in graphs:
+        rows = [np.asarray(n.samples_ms) for n in g.nodes if n.kind is NodeKind.COMPUTE and n.samples_ms]
+        if rows:
+            total += float(np.sum(rows))
+        count += g.count
+    return total / max(count, 1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=300, help="measured requests per run (default 300)")
+    p.add_argument("--users", type=int, default=16, help="users of the load scenario (default 16)")
+    p.add_argument("--size", type=int, default=262144, help="payload bytes of the size scenario (default 256 KiB)")
+    p.add_argument("--samples", type=int, default=10_000, help="Monte Carlo samples per route")
+    p.add_argument("--embedded", action="store_true", help="no Redis/PostgreSQL even when reachable")
+    p.add_argument("--only", default="", help="comma-separated scenario names to run")
+    p.add_argument("--out", type=Path, default=RESULTS / "whatif_accuracy.json")
+    ns = p.parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    began = time.monotonic()
+    use_real = not ns.embedded and _reachable(6379) and _reachable(5432)
+    setup = ForumSetup(redis_url=REDIS_URL if use_real else None, postgres_url=POSTGRES_URL if use_real else None)
+    config = ("real Redis 7 + PostgreSQL at 127.0.0.1 (behind 0 ms proxies), blob service in its own process"
+              if use_real else "embedded: SQLite + the blob service's key-value cache, blob service in its own process")
+    console.print(f"[bold]configuration:[/] {config}")
+    work = Path(tempfile.mkdtemp(prefix="perfcast-accuracy-"))
+
+    def status(text: str) -> None:
+        console.print(f"  [dim]{time.monotonic() - began:6.1f} s[/] {text}", highlight=False)
+
+    store = ProfileStore(work / "profiles.db")
+    cases = _cases(setup, ns.users, ns.size)
+    if ns.only:
+        wanted = set(ns.only.split(","))
+        cases = [c for c in cases if c.name in wanted]
+    if any(c.name == "size" for c in cases):
+        console.print("[bold]profiles[/]: http GET /blob/{id} and GET /ad at "
+                      f"{setup.payload_bytes} and {ns.size} bytes")
+        _profile_sizes(setup, store, [setup.payload_bytes, ns.size], budget_s=8.0)
+
+    rows: list[dict[str, Any]] = []
+    rng = np.random.default_rng(7)
+    for case in cases:
+        # A baseline right before each scenario: the machine's other load drifts between runs, and a
+        # prediction should be judged on the change it predicts, not on the drift.
+        case_setup = replace(setup, pin=case.pin)
+        console.print(f"[bold]{case.name}[/]: baseline, then the scenario applied for real")
+        base, graphs = _baseline(case_setup, ns.requests, work / f"{case.name}.baseline.jsonl", status)
+        spec = case.spec.format(**base.resources)
+        status(f"predicting {spec}")
+        try:
+            preds = {p.route: p for p in predict(graphs, spec, store, ns.samples, rng)}
+        except AnalyzerError as exc:
+            status(f"[red]cannot predict[/]: {type(exc).__name__}: {exc}")
+            continue
+        truth = measure(case_setup, case.applied, users=case.users, requests=ns.requests,
+                        spans=work / f"{case.name}.jsonl", on_step=status)
+        if truth.errors:
+            status(f"[yellow]{truth.errors} failed requests[/]: {'; '.join(truth.error_examples[:2])}")
+        case = replace(case, spec=spec)
+        for route in ROUTES:
+            if route in preds and truth.latencies(route):
+                rows.append(_row(case, route, preds[route], truth))
+                rows[-1]["throughput_rps"] = truth.throughput_rps
+        if case.users > 1:
+            # At saturation the loop is busy all the time: 1 / throughput is its time per request, to compare
+            # with the compute the graphs recorded per request (the rest is loop work outside any request).
+            loop_ms, compute_ms = 1000 / truth.throughput_rps, _compute_per_request(graphs)
+            rows[-1]["loop_ms_per_request"], rows[-1]["compute_ms_per_request"] = loop_ms, compute_ms
+            status(f"throughput {truth.throughput_rps:.1f} req/s = {loop_ms:.2f} ms of loop per request at "
+                   f"saturation; compute recorded per request at 1 user: {compute_ms:.2f} ms")
+    store.close()
+
+    table = Table(title=f"What-if accuracy, forum app ({'Redis + PostgreSQL' if use_real else 'embedded'}), "
+                        f"{ns.requests} requests per run")
+    for col in ("scenario", "route", "requests", "pred p50", "pred p90", "meas p50", "meas p90", "median dev",
+                "KS D"):
+        table.add_column(col, justify="left" if col in ("scenario", "route") else "right")
+    for r in rows:
+        ok = r["median_deviation"] < 0.05 and r["ks_d"] < 0.15
+        table.add_row(r["scenario"], r["route"], str(r["requests"]),
+                      f"{r['predicted']['p50']:.1f}", f"{r['predicted']['p90']:.1f}",
+                      f"{r['measured']['p50']:.1f}", f"{r['measured']['p90']:.1f}",
+                      f"{r['median_deviation']:.1%}", f"[{'green' if ok else 'red'}]{r['ks_d']:.3f}[/]")
+    console.print(table)
+    elapsed = time.monotonic() - began
+    console.print(f"total {elapsed:.0f} s; work files in {work}")
+    ns.out.parent.mkdir(parents=True, exist_ok=True)
+    ns.out.write_text(json.dumps({
+        "format": "perfcast-whatif-accuracy/1", "configuration": config, "requests_per_run": ns.requests,
+        "samples": ns.samples, "elapsed_s": elapsed, "python": sys.version.split()[0], "rows": rows,
+    }, indent=1))
+    console.print(f"raw results: {ns.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""``perfcast demo``: the whole story on the bundled forum app, predicted and then measured for real.
+
+Thin over :mod:`replayer.groundtruth` (deploy, load, measure) and the analyzer (graphs, self-check, predict,
+CDF deviation): :func:`run_demo` does the work and returns a :class:`DemoResult`; the click command renders.
+Needs no Redis or PostgreSQL: the app runs on its SQLite file and the blob service's key-value cache.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from analyzer.graph import CausalGraph
+
+__all__ = ["DemoResult", "ScenarioOutcome", "demo", "run_demo"]
+
+ROUTES = ("GET /", "GET /post/{id}")
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioOutcome:
+    """One scenario of the demo, predicted and measured, per route."""
+
+    name: str
+    spec: str
+    rows: tuple[dict[str, Any], ...]
+    """Per route: ``route``, ``predicted`` and ``measured`` summaries (p50, p90, p99, mean, count), ``ks_d``,
+    ``median_deviation``."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    """What :func:`run_demo` produced, and where it wrote it."""
+
+    out: Path
+    spans: Path
+    graphs: Path
+    predictions: Path
+    measured: Path
+    requests: int
+    """Requests of the baseline's measured window that became graphs."""
+    variants: int
+    self_check_median: float
+    """Median of |evaluated - observed| / observed over the baseline's requests."""
+    outcomes: tuple[ScenarioOutcome, ...] = field(default=())
+
+
+def _status(console: Console, began: float) -> Any:
+    def step(text: str) -> None:
+        console.print(f"  [dim]{time.monotonic() - began:5.1f} s[/]  {text}", highlight=False)
+    return step
+
+
+def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Console | None = None,
+             seed: int = 1) -> DemoResult:
+    """Collect, build graphs, then predict and measure the location and load scenarios; print as it goes.
+
+    Parameters
+    ----------
+    out
+        Directory for the spans, graphs, predictions and measurements (created when missing).
+    requests
+        Requests measured per run (the baseline and each scenario).
+    quick
+        Fewer Monte Carlo samples and a smaller load (4 users instead of 16), for a smoke test.
+    console
+        Where to print (a rich Console); default stdout.
+    """
+    import numpy as np
+    from rich.console import Console
+
+    from analyzer.accuracy import cdf_deviation
+    from analyzer.build import build_graphs
+    from analyzer.graph import dump_graphs
+    from analyzer.predict import predict
+    from analyzer.selfcheck import summarize
+    from analyzer.spans import read_spans
+    from replayer.groundtruth import BLOB_NAME, Applied, ForumSetup, measure
+
+    console = console or Console()
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    step = _status(console, began)
+    setup = ForumSetup(seed=seed)
+    spans = out / "spans.jsonl"
+    console.rule("[bold]1. collect[/]: the forum app under perfcast's collector, one user")
+    warmup = 5 if quick else 20
+    base = measure(setup, requests=requests, warmup_requests=warmup, spans=spans, on_step=step,
+                   log_dir=out / "logs")
+    step(f"{sum(map(len, base.server_ms.values()))} requests measured, {base.throughput_rps:.1f} req/s; "
+         f"spans in {spans}")
+
+    console.rule("[bold]2. causal graphs[/]")
+    reqs = [r for r in read_spans(spans).requests if base.window_ns[0] <= r.start_ns and r.end_ns <= base.window_ns[1]]
+    graphs = [g for g in build_graphs(reqs) if g.route in ROUTES]
+    graphs_file = out / "graphs.json"
+    dump_graphs(graphs, graphs_file, source=str(spans))
+    per, overall = summarize(graphs)
+    _print_graphs(console, graphs, per)
+    console.print(f"self-check |evaluated - observed| / observed over {overall.count} requests: median "
+                  f"{overall.median:.2%}, p90 {overall.p90:.2%}", highlight=False)
+
+    users = 4 if quick else 16
+    cases = [
+        ("location", f"location:{BLOB_NAME}=+20ms", Applied(added_ms=(("blob", 20.0),)), 1,
+         "the blob service (blobs, cache, ads) moved 20 ms further away: a latency proxy applies it for real"),
+        ("load", f"load:{users}", Applied(), users, f"{users} concurrent users instead of 1"),
+    ]
+    samples = 2000 if quick else 10_000
+    rng = np.random.default_rng(seed)
+    outcomes, whatif_doc, measured_doc = [], [], []
+    for name, spec, applied, n_users, what in cases:
+        console.rule(f"[bold]3. what if[/] {spec}")
+        console.print(f"  {what}", highlight=False)
+        step("predicting from the baseline's graphs")
+        preds = predict(graphs, spec, None, samples, rng)
+        truth = measure(setup, applied, users=n_users, requests=requests, warmup_requests=warmup,
+                        spans=out / f"{name}.spans.jsonl", on_step=step, log_dir=out / "logs")
+        rows = []
+        for p in preds:
+            got = truth.latencies(p.route)
+            if not got:
+                continue
+            m = np.asarray(got, dtype=np.float64)
+            dev = cdf_deviation(p.predicted.samples_ms, m)
+            rows.append({"route": p.route, "baseline": p.baseline.summary(), "predicted": p.predicted.summary(),
+                         "measured": {"p50": float(np.quantile(m, 0.5)), "p90": float(np.quantile(m, 0.9)),
+                                      "p99": float(np.quantile(m, 0.99)), "mean": float(m.mean()),
+                                      "count": int(m.size)},
+                         "ks_d": dev.max, "median_deviation": dev.median})
+            measured_doc.append({"scenario": spec, "route": p.route, "samples_ms": m.round(4).tolist()})
+        whatif_doc.append({"name": spec, "predictions": [p.to_json() for p in preds]})
+        outcome = ScenarioOutcome(name, spec, tuple(rows))
+        _print_outcome(console, outcome)
+        outcomes.append(outcome)
+
+    predictions = out / "predictions.json"
+    predictions.write_text(json.dumps({"format": "perfcast-whatif/1", "graphs": str(graphs_file),
+                                       "samples": samples, "seed": seed, "scenarios": whatif_doc}))
+    measured = out / "measured.json"
+    measured.write_text(json.dumps({"format": "perfcast-measured/1", "measured": measured_doc}))
+    result = DemoResult(out, spans, graphs_file, predictions, measured, len(reqs), len(graphs), overall.median,
+                        tuple(outcomes))
+    _print_files(console, result, time.monotonic() - began)
+    return result
+
+
+def _print_graphs(console: Console, graphs: list[CausalGraph], per: dict[tuple[str, int], Any]) -> None:
+    """A summary row per variant, then the nodes of each route's commonest variants, like nodes grouped."""
+    import numpy as np
+    from rich.table import Table
+
+    from analyzer.graph import NodeKind
+
+    summary = Table(title="graphs: one per route and causal shape (variant)", title_justify="left")
+    for col in ("route", "variant", "requests", "nodes", "io calls", "p50 ms", "p90 ms", "self-check"):
+        summary.add_column(col, justify="left" if col == "route" else "right")
+    for g in graphs:
+        lat = np.asarray(g.latency_ms)
+        summary.add_row(g.route, str(g.variant), str(g.count), str(len(g.nodes)),
+                        str(sum(n.kind is NodeKind.IO for n in g.nodes)), f"{np.median(lat):.2f}",
+                        f"{np.quantile(lat, 0.9):.2f}", f"{per[(g.route, g.variant)].median:.2%}")
+    console.print(summary)
+    for route in dict.fromkeys(g.route for g in graphs):
+        variants = [g for g in graphs if g.route == route]
+        total = sum(g.count for g in variants)
+        for g in variants:
+            if g.variant > 0 and g.count < 0.1 * total:
+                continue
+            table = Table(title=f"{route} variant {g.variant} ({g.count} of {total} requests): its nodes, "
+                                "alike ones grouped", title_justify="left")
+            for col in ("nodes", "kind", "wait", "api / label", "median ms (each)"):
+                table.add_column(col, justify="right" if col in ("nodes", "median ms (each)") else "left")
+            groups: dict[tuple[str, str, str], list[float]] = {}
+            for node_id in g.topological_order():
+                node = g.node(node_id)
+                if node.kind.value in ("start", "end"):
+                    continue
+                what = node.api or node.label or node_id
+                key = (node.kind.value, node.wait.value, what)
+                groups.setdefault(key, []).append(float(np.median(node.samples_ms)) if node.samples_ms else 0.0)
+            for (kind, wait, what), meds in groups.items():
+                table.add_row(str(len(meds)), kind, wait, what, f"{np.median(meds):.2f}")
+            console.print(table)
+
+
+def _print_outcome(console: Console, outcome: ScenarioOutcome) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{outcome.spec}: predicted (from the baseline) vs measured (applied for real), ms",
+                  title_justify="left")
+    table.add_column("route")
+    for side in ("predicted", "measured"):
+        for q in ("p50", "p90", "p99", "mean"):
+            table.add_column(f"{side[:4]}. {q}", justify="right", style="bold" if side == "predicted" else "")
+    table.add_column("KS D", justify="right")
+    table.add_column("median dev", justify="right")
+    for r in outcome.rows:
+        table.add_row(r["route"], *(f"{r[side][q]:.1f}" for side in ("predicted", "measured")
+                                    for q in ("p50", "p90", "p99", "mean")),
+                      f"{r['ks_d']:.3f}", f"{r['median_deviation']:.1%}")
+    console.print(table)
+    base = ", ".join(f"{r['route']} p50 {r['baseline']['p50']:.1f}" for r in outcome.rows)
+    console.print(f"  [dim]today (baseline model): {base} ms[/]", highlight=False)
+
+
+def _print_files(console: Console, result: DemoResult, elapsed_s: float) -> None:
+    console.rule(f"[bold]4. done[/] in {elapsed_s:.0f} s")
+    console.print(f"files in {result.out}:", highlight=False)
+    for what, path in (("spans", result.spans), ("graphs", result.graphs), ("predictions", result.predictions),
+                       ("measured", result.measured)):
+        console.print(f"  {what:12s} {path}", highlight=False)
+    g, p, m = result.graphs, result.predictions, result.measured
+    console.print("carry on with, for example:", highlight=False)
+    for line in (f"perfcast graph {result.spans} -o {g}",
+                 f"perfcast whatif {g} -s 'location:blob=+50ms' -s 'interference:cpu=50' --explain",
+                 f"perfcast compare {p} {m} --route 'GET /' --scenario 'location:blob=+20ms'"):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
+
+
+@click.command("demo")
+@click.option("--requests", "-n", default=300, show_default=True, type=click.IntRange(10),
+              help="Requests measured per run (the baseline, and each scenario applied for real).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for the files (default: a fresh temporary directory, printed).")
+@click.option("--quick", is_flag=True, help="A smaller load and fewer Monte Carlo samples (a smoke run).")
+def demo(requests: int, out: Path | None, quick: bool) -> None:
+    """Run the whole story on the bundled forum app: collect, graph, predict, then measure for real.
+
+    Starts the app under the collector, sends it REQUESTS requests, builds and prints its causal graphs,
+    predicts two what-ifs (the blob service 20 ms further away; 16 concurrent users), applies each for real
+    and prints the predicted and the measured distributions side by side. Needs no Redis or PostgreSQL.
+    """
+    from rich.console import Console
+
+    from replayer.groundtruth import GroundTruthError
+
+    console = Console(width=max(Console().width, 120))
+    if out is None:
+        out = Path(tempfile.mkdtemp(prefix="perfcast-demo-"))
+    console.print(f"perfcast demo: files go to {out}", highlight=False)
+    try:
+        run_demo(out, requests, quick=quick, console=console)
+    except GroundTruthError as exc:
+        click.echo(f"GroundTruthError: {exc}", err=True)
+        raise SystemExit(1) from None

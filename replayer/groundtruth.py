@@ -1,0 +1,539 @@
+"""Ground truth for what-if scenarios: deploy the example forum app with a scenario applied for real, and measure.
+
+A prediction is only as good as its agreement with what really happens, so every scenario the engine predicts
+can also be *applied*, as WebPerf's evaluation did (Jiang et al., SIGCOMM 2016, section 6.2), and measured:
+
+============== ===============================================================================================
+scenario       applied for real by
+============== ===============================================================================================
+location       a :class:`~replayer.proxy.LatencyProxy` in front of the blob service, Redis or PostgreSQL,
+               adding ``added_ms`` per round trip (every deployment has the proxies, at 0 ms for today)
+load           the load client's closed loop with ``users`` concurrent users
+interference   a :class:`~replayer.hog.CpuHog` taking ``cpu_pct`` % of every core
+size           the app's ``--payload-bytes``: every blob it fetches is that big
+failure        ``app_replicas`` app processes behind a LatencyProxy balancer, one stopped and marked down
+============== ===============================================================================================
+
+The deployment: the blob service (``python -m examples.forum.blobs``, blobs, the key-value cache, ads and
+recommendations) in its own process behind the ``blob`` proxy; the forum app (``python -m examples.forum``,
+under the collector when a spans file is asked for) talking to the blob service, and to Redis / PostgreSQL
+through their proxies when given; the recommendation replicas are the blob service reached directly, so that
+moving the blob service does not move them. Each process runs in its own session and is stopped (SIGTERM,
+then SIGKILL of its process group) on every way out, errors and Ctrl-C included.
+
+Measured latencies are per route (``GET /``, ``GET /post/{id}``): server-side, from the request spans, when the
+app ran under the collector (the quantity the engine predicts), and client-side from the load client always.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from replayer.hog import CpuHog
+from replayer.proxy import LatencyProxy, Upstream
+
+__all__ = [
+    "APP_PATHS",
+    "BLOB_NAME",
+    "Applied",
+    "Deployment",
+    "ForumSetup",
+    "GroundTruth",
+    "GroundTruthError",
+    "Resource",
+    "deploy",
+    "measure",
+    "route_of",
+]
+
+APP_PATHS: tuple[str, ...] = ("/?page={n}", "/post/{n}")
+"""Paths the load client requests by default: the index page and a post page, half and half."""
+
+Resource = str
+"""A proxied dependency of the app: ``blob`` (the blob service), ``redis`` or ``postgres``."""
+
+_RESOURCES = ("blob", "redis", "postgres")
+_START_TIMEOUT_S = 60.0
+_STOP_TIMEOUT_S = 15.0
+
+
+class GroundTruthError(RuntimeError):
+    """A deployment could not be started or measured: a process that did not start, a bad setting, a failed load.
+
+    The message names what failed and ends with the tail of the process's log when there is one.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class ForumSetup:
+    """Today's deployment of the forum app (the configuration the baseline is collected on)."""
+
+    redis_url: str | None = None
+    """Real Redis for the page cache (behind the ``redis`` proxy); ``None``: the blob service's ``/kv`` API."""
+    postgres_url: str | None = None
+    """Real PostgreSQL (behind the ``postgres`` proxy); ``None``: the app's seeded SQLite file."""
+    payload_bytes: int = 4096
+    """Size of each blob the app fetches (``--payload-bytes``)."""
+    seed: int | None = 1
+    """Seeds the app's and the blob service's random choices and the load client's paths."""
+    app_args: tuple[str, ...] = ()
+    """More ``python -m examples.forum`` flags, e.g. ``("--cache-ttl-ms", "200")``."""
+    pin: bool = False
+    """On a machine with 2+ cores, give the app (and a noisy neighbour) core 0 and everything else started here
+    (blob service, proxies, load client) the other cores, as a front end owns its own machine: otherwise a
+    CPU hog or the load client would slow the app's dependencies too, which no scenario intends. Off by
+    default: on a machine shared with other work, a pinned app cannot move away from a busy core."""
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """A what-if scenario applied for real (the default applies nothing: today's deployment)."""
+
+    added_ms: tuple[tuple[Resource, float], ...] = ()
+    """(resource, ms): every round trip through that resource's proxy gains ``ms``."""
+    cpu_pct: float = 0.0
+    """A noisy neighbour takes this % of every core while the load runs."""
+    payload_bytes: int | None = None
+    """Blob size instead of the setup's."""
+    app_replicas: int = 1
+    """App processes behind a balancer (more than 1 puts the balancer in front of them)."""
+    failed_replicas: int = 0
+    """App replicas stopped and marked down at the balancer before the load starts."""
+
+    def __post_init__(self) -> None:
+        for name, ms in self.added_ms:
+            if name not in _RESOURCES:
+                raise ValueError(f"added_ms: unknown resource {name!r}; expected one of {', '.join(_RESOURCES)}")
+            if ms < 0:
+                raise ValueError(f"added_ms: {name} must gain a non-negative delay, got {ms}")
+        if not 0 <= self.cpu_pct < 100:
+            raise ValueError(f"cpu_pct must be within [0, 100), got {self.cpu_pct}")
+        if self.app_replicas < 1 or not 0 <= self.failed_replicas < self.app_replicas:
+            raise ValueError(f"need 0 <= failed_replicas < app_replicas, got {self.failed_replicas} of "
+                             f"{self.app_replicas}")
+        if self.payload_bytes is not None and self.payload_bytes < 0:
+            raise ValueError(f"payload_bytes must be non-negative, got {self.payload_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class GroundTruth:
+    """What one deployment measured."""
+
+    server_ms: Mapping[str, tuple[float, ...]]
+    """route -> latency of each request handled in the measured window, from the request spans (empty when
+    the app did not run under the collector)."""
+    client_ms: Mapping[str, tuple[float, ...]]
+    """route -> latency of each request as the load client saw it."""
+    resources: Mapping[Resource, str]
+    """resource -> ``host:port`` of its proxy, the address the app's spans name it by."""
+    users: int
+    throughput_rps: float
+    errors: int
+    elapsed_s: float
+    spans: tuple[str, ...] = ()
+    """The spans files written (one per app replica)."""
+    window_ns: tuple[int, int] = (0, 0)
+    """Wall-clock (``time.time_ns``) start and end of the measured window."""
+    error_examples: tuple[str, ...] = field(default=())
+
+    def latencies(self, route: str) -> tuple[float, ...]:
+        """Server-side latencies of ``route`` when recorded, else client-side."""
+        return self.server_ms.get(route) or self.client_ms.get(route, ())
+
+    @property
+    def routes(self) -> list[str]:
+        return sorted(set(self.server_ms) | set(self.client_ms))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "server_ms": {r: list(v) for r, v in self.server_ms.items()},
+            "client_ms": {r: list(v) for r, v in self.client_ms.items()},
+            "resources": dict(self.resources), "users": self.users, "throughput_rps": self.throughput_rps,
+            "errors": self.errors, "error_examples": list(self.error_examples), "elapsed_s": self.elapsed_s,
+            "spans": list(self.spans), "window_ns": list(self.window_ns),
+        }
+
+
+def route_of(path: str, method: str = "GET") -> str:
+    """The route a request path belongs to, as the server spans name it: numeric segments become ``{id}``.
+
+    >>> route_of("/?page=3"), route_of("/post/17")
+    ('GET /', 'GET /post/{id}')
+    """
+    bare = urlsplit(path).path or "/"
+    return f"{method} " + re.sub(r"(?<=/)\d+(?=/|$)", "{id}", bare)
+
+
+# --- processes --------------------------------------------------------------------------------------------------
+
+
+class _Process:
+    """A child in its own session, its output in a log file; :meth:`stop` ends it and its process group."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self.log = log_dir / f"{name}.log"
+        with self.log.open("wb") as log:
+            try:
+                self.proc = subprocess.Popen(
+                    list(argv), stdout=subprocess.PIPE, stderr=log, env=dict(env) if env is not None else None,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise GroundTruthError(f"{name}: cannot run {argv[0]!r}: {exc.strerror}") from None
+
+    def wait_listening(self, timeout_s: float = _START_TIMEOUT_S) -> str:
+        """Block until the child prints ``listening on URL``; return the URL."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        buffer = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while (left := deadline - time.monotonic()) > 0:
+                if not sel.select(left):
+                    continue
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                buffer += chunk
+                m = re.search(rb"listening on (http://\S+)", buffer)
+                if m:
+                    return m.group(1).decode()
+        state = f"exited with code {self.proc.poll()}" if self.proc.poll() is not None else "is still silent"
+        raise GroundTruthError(f"{self.name} did not start within {timeout_s:g} s ({state}){self.tail()}")
+
+    def tail(self, lines: int = 8) -> str:
+        try:
+            text = self.log.read_text(errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            return ""
+        return ("; its log ends:\n  " + "\n  ".join(text)) if text else ""
+
+    def stop(self) -> None:
+        """SIGTERM (the app flushes its spans on the way out), then SIGKILL of the group if it lingers."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the group: a collected app's own child included
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+class _ProxyLoop:
+    """LatencyProxies served by an event loop on a background thread, so that the caller may block."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.proxies: list[LatencyProxy] = []
+        self.thread = threading.Thread(target=self.loop.run_forever, name="groundtruth-proxies", daemon=True)
+        self.thread.start()
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def start(self, upstreams: Sequence[Upstream], delay_ms: float) -> LatencyProxy:
+        proxy = LatencyProxy(list(upstreams), delay_ms=delay_ms)
+        self._run(proxy.start())
+        self.proxies.append(proxy)
+        return proxy
+
+    def mark_down(self, proxy: LatencyProxy, index: int) -> None:
+        self.loop.call_soon_threadsafe(proxy.down.add, index)
+
+    def close(self) -> None:
+        async def stop_all() -> None:
+            for proxy in self.proxies:
+                await proxy.stop()
+
+        with contextlib.suppress(Exception):
+            self._run(stop_all())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+def _cpu_split(pin: bool) -> tuple[set[int], set[int]]:
+    """(the app's cores, everything else's), or two empty sets when not pinning."""
+    if not pin or not hasattr(os, "sched_getaffinity") or shutil.which("taskset") is None:
+        return set(), set()
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return set(), set()
+    return {cpus[0]}, set(cpus[1:])
+
+
+@contextlib.contextmanager
+def _hog(percent: float, app_cpus: set[int]) -> Iterator[CpuHog]:
+    """A CpuHog on the app's cores only (its processes inherit this thread's mask when they start)."""
+    if not app_cpus:
+        with CpuHog(percent) as hog:
+            yield hog
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, app_cpus)
+    try:
+        hog = CpuHog(percent, cores=len(app_cpus)).start()
+    finally:
+        os.sched_setaffinity(0, before)
+    try:
+        yield hog
+    finally:
+        hog.stop()
+
+
+def _upstream(url: str, what: str) -> Upstream:
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise GroundTruthError(f"{what} {url!r}: expected a URL with a host, e.g. redis://127.0.0.1:6379/0")
+    return Upstream(parts.hostname, parts.port or {"redis": 6379, "postgresql": 5432, "postgres": 5432}.get(
+        parts.scheme, 80))
+
+
+def _via(url: str, proxy: LatencyProxy) -> str:
+    """``url`` with its host:port replaced by the proxy's (credentials kept)."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@{proxy.address}" if userinfo else proxy.address
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+# --- a deployment and a measurement -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """A running deployment (from :func:`deploy`)."""
+
+    url: str
+    """Where the load goes: the app, or the balancer in front of its replicas."""
+    blob_url: str
+    """The blob service as the app reaches it (through the ``blob`` proxy)."""
+    resources: Mapping[Resource, str]
+    """resource -> ``host:port`` of its proxy."""
+    spans: tuple[str, ...]
+    """The spans files being written (one per app replica; empty without the collector)."""
+
+
+BLOB_NAME = "blob"
+"""The name the blob service is given at collection (``perfcast.io.resource_name``): ``location:blob=+20ms``."""
+
+
+@contextlib.contextmanager
+def deploy(
+    setup: ForumSetup = ForumSetup(),
+    applied: Applied = Applied(),
+    *,
+    spans: str | os.PathLike[str] | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> Iterator[Deployment]:
+    """Start the forum app with ``applied`` in force; stop every process and proxy on leaving the block.
+
+    Parameters
+    ----------
+    setup, applied
+        Today's deployment, and the scenario applied to it (the noisy neighbour of ``cpu_pct`` runs for as
+        long as the block does).
+    spans
+        Run the app under the collector, writing this spans file (``NAME.rK.jsonl`` per replica when there
+        are several). The spans are complete once the block has been left.
+    log_dir
+        Where the processes' logs go (default: a temporary directory, removed afterwards).
+    on_step
+        Called with a short text at each step, for status lines.
+
+    Raises
+    ------
+    GroundTruthError
+        A process did not start.
+    """
+    step = on_step or (lambda text: None)
+    app_cpus, other_cpus = _cpu_split(setup.pin)
+    with contextlib.ExitStack() as stack:
+        if other_cpus:
+            # This thread's mask is inherited by the proxy thread and by every child started from here.
+            before = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, other_cpus)
+            stack.callback(os.sched_setaffinity, 0, before)
+        logs = Path(log_dir) if log_dir is not None else Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="perfcast-gt-")))
+        logs.mkdir(parents=True, exist_ok=True)
+        proxies = _ProxyLoop()
+        stack.callback(proxies.close)
+        processes: list[_Process] = []
+
+        def stop_all() -> None:
+            for p in reversed(processes):
+                p.stop()
+
+        stack.callback(stop_all)
+        delays = dict(applied.added_ms)
+        step("starting the blob service")
+        seed_args = ["--seed", str(setup.seed)] if setup.seed is not None else []
+        blob = _Process("blobs", [sys.executable, "-m", "examples.forum.blobs", "--port", "0", *seed_args], logs)
+        processes.append(blob)
+        blob_url = blob.wait_listening()
+        resources: dict[Resource, str] = {}
+        blob_proxy = proxies.start([_upstream(blob_url, "blob service")], delays.get("blob", 0.0))
+        resources["blob"] = blob_proxy.address
+        app_args = [
+            "--port", "0", "--blob-url", f"http://{blob_proxy.address}",
+            "--replica-url", blob_url, "--replica-url", blob_url,
+            "--payload-bytes", str(applied.payload_bytes if applied.payload_bytes is not None
+                                   else setup.payload_bytes),
+            *seed_args, *setup.app_args,
+        ]
+        for name, url, flag in (("redis", setup.redis_url, "--redis"), ("postgres", setup.postgres_url,
+                                                                        "--postgres")):
+            if url:
+                proxy = proxies.start([_upstream(url, name)], delays.get(name, 0.0))
+                resources[name] = proxy.address
+                app_args += [flag, _via(url, proxy)]
+            elif name in delays:
+                raise GroundTruthError(f"added_ms names {name!r}, but the setup has no {name} URL")
+        spans_files = _spans_files(spans, applied.app_replicas)
+        app_urls = []
+        for r in range(applied.app_replicas):
+            which = f" (replica {r + 1} of {applied.app_replicas})" if applied.app_replicas > 1 else ""
+            step(f"starting the app{which}{' under the collector' if spans_files else ''}")
+            env = None
+            if spans_files:
+                from collector._launcher import child_environment
+
+                Path(spans_files[r]).unlink(missing_ok=True)
+                env = child_environment(spans_files[r], service_name="forum",
+                                        resource_names=f"{BLOB_NAME}=http://{blob_proxy.address}")
+                env["PERFCAST_QUIET"] = "1"
+            pin = ["taskset", "-c", ",".join(map(str, sorted(app_cpus)))] if app_cpus else []
+            app = _Process(f"app{r}", [*pin, sys.executable, "-m", "examples.forum", *app_args], logs, env)
+            processes.append(app)
+            app_urls.append(app.wait_listening())
+        url = app_urls[0]
+        if applied.app_replicas > 1:
+            balancer = proxies.start([_upstream(u, "app") for u in app_urls], 0.0)
+            for r in range(applied.failed_replicas):
+                step(f"stopping app replica {applied.app_replicas - r} and marking it down at the balancer")
+                proxies.mark_down(balancer, applied.app_replicas - 1 - r)
+                processes[-1 - r].stop()
+            url = f"http://{balancer.address}"
+        if applied.cpu_pct > 0:
+            step(f"starting a noisy neighbour taking {applied.cpu_pct:g} % of each core")
+            stack.enter_context(_hog(applied.cpu_pct, app_cpus))
+        yield Deployment(url, f"http://{blob_proxy.address}", resources, tuple(spans_files))
+        step("stopping")
+
+
+def measure(
+    setup: ForumSetup = ForumSetup(),
+    applied: Applied = Applied(),
+    *,
+    users: int = 1,
+    requests: int = 300,
+    max_duration_s: float = 60.0,
+    warmup_requests: int = 20,
+    paths: Sequence[str] = APP_PATHS,
+    spans: str | os.PathLike[str] | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> GroundTruth:
+    """Deploy the forum app with ``applied`` in force (:func:`deploy`), load it, return the latencies per route.
+
+    Parameters
+    ----------
+    users
+        Concurrent closed-loop users of the load client (in its own process).
+    requests, max_duration_s
+        The measured window ends after this many requests or this long, whichever comes first.
+    warmup_requests
+        Sent first and not measured (connections opened, caches filled).
+    paths
+        Requested uniformly at random; ``{n}`` is a random integer in 1..20.
+    setup, applied, spans, log_dir, on_step
+        As for :func:`deploy`.
+
+    Raises
+    ------
+    GroundTruthError
+        A process did not start, or the load client failed.
+    """
+    if users < 1 or requests < 1 or max_duration_s <= 0 or warmup_requests < 0:
+        raise ValueError("users and requests must be >= 1, max_duration_s > 0, warmup_requests >= 0")
+    step = on_step or (lambda text: None)
+    with deploy(setup, applied, spans=spans, log_dir=log_dir, on_step=on_step) as d:
+        step(f"loading it: {users} user{'s' if users > 1 else ''}, {requests} requests")
+        result, window = _load(d.url, users, requests, max_duration_s, warmup_requests, paths, setup.seed)
+    client: dict[str, list[float]] = {}
+    for path, ms in zip(result.paths, result.latencies_ms, strict=True):
+        client.setdefault(route_of(path), []).append(ms)
+    server = _server_latencies(d.spans, window) if d.spans else {}
+    return GroundTruth(
+        server_ms={r: tuple(v) for r, v in server.items()},
+        client_ms={r: tuple(v) for r, v in client.items()},
+        resources=d.resources, users=users, throughput_rps=result.throughput_rps, errors=result.errors,
+        elapsed_s=result.elapsed_s, spans=d.spans, window_ns=window, error_examples=result.error_examples,
+    )
+
+
+def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[str]:
+    if spans is None:
+        return []
+    path = Path(spans)
+    if replicas == 1:
+        return [str(path)]
+    return [str(path.with_name(f"{path.stem}.r{r}{path.suffix or '.jsonl'}")) for r in range(replicas)]
+
+
+def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: int, paths: Sequence[str],
+          seed: int | None) -> tuple[Any, tuple[int, int]]:
+    from examples.forum.load import run_load_subprocess
+
+    try:
+        if warmup:
+            run_load_subprocess(url, users=users, requests=warmup, paths=tuple(paths), seed=seed)
+        begin = time.time_ns()
+        result = run_load_subprocess(url, users=users, requests=requests, duration_s=max_duration_s,
+                                     paths=tuple(paths), seed=None if seed is None else seed + 1)
+        end = time.time_ns()
+    except RuntimeError as exc:
+        raise GroundTruthError(str(exc)) from None
+    if not result.latencies_ms:
+        raise GroundTruthError(f"no request succeeded: {'; '.join(result.error_examples) or 'no answer'}")
+    return result, (begin, end)
+
+
+def _server_latencies(files: Sequence[str], window: tuple[int, int]) -> dict[str, list[float]]:
+    """route -> latency of each request in ``files`` that started and ended inside ``window``."""
+    from analyzer.spans import read_spans
+
+    out: dict[str, list[float]] = {}
+    for path in files:
+        if not Path(path).is_file():
+            continue  # a replica stopped before it served anything
+        for req in read_spans(path).requests:
+            if window[0] <= req.start_ns and req.end_ns <= window[1]:
+                out.setdefault(req.route, []).append(req.latency_ms)
+    return out

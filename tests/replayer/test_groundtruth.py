@@ -1,0 +1,107 @@
+"""replayer.groundtruth: the forum app deployed with scenarios applied for real, real processes and proxies."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from replayer.groundtruth import (
+    BLOB_NAME,
+    Applied,
+    ForumSetup,
+    GroundTruthError,
+    deploy,
+    measure,
+    route_of,
+)
+
+
+def _refused(url: str) -> bool:
+    parts = urlsplit(url)
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((parts.hostname or "127.0.0.1", parts.port or 80)) != 0
+
+
+class TestRouteOf:
+    def test_numeric_segments_become_id_and_the_query_goes(self) -> None:
+        assert route_of("/?page=3") == "GET /"
+        assert route_of("/post/17") == "GET /post/{id}"
+        assert route_of("/post/17/comments/2", "POST") == "POST /post/{id}/comments/{id}"
+        assert route_of("/post/v2") == "GET /post/v2"
+
+
+class TestApplied:
+    @pytest.mark.parametrize(("kwargs", "word"), [
+        ({"added_ms": (("mongo", 5.0),)}, "unknown resource 'mongo'"),
+        ({"added_ms": (("blob", -1.0),)}, "non-negative"),
+        ({"cpu_pct": 100.0}, "cpu_pct"),
+        ({"app_replicas": 1, "failed_replicas": 1}, "failed_replicas"),
+        ({"payload_bytes": -5}, "payload_bytes"),
+    ])
+    def test_bad_values_are_named(self, kwargs: dict[str, object], word: str) -> None:
+        with pytest.raises(ValueError, match=word):
+            Applied(**kwargs)  # type: ignore[arg-type]
+
+    def test_a_delay_on_a_backend_the_setup_lacks_is_an_error(self) -> None:
+        with pytest.raises(GroundTruthError, match="no redis URL"), deploy(ForumSetup(), Applied(
+                added_ms=(("redis", 5.0),))):
+            pass
+
+
+def test_location_is_applied_and_every_round_trip_pays_it() -> None:
+    truth = measure(ForumSetup(seed=3), Applied(added_ms=(("blob", 30.0),)), requests=12, warmup_requests=2,
+                    paths=("/post/{n}",))
+    post = truth.client_ms["GET /post/{id}"]
+    assert len(post) == 12 and truth.errors == 0
+    # A post page fetches its blob through the blob proxy: at least one 30 ms round trip, by construction.
+    assert min(post) >= 30.0
+    assert truth.server_ms == {}  # not collected
+    assert set(truth.resources) == {"blob"}
+
+
+def test_collected_run_gives_server_latencies_inside_the_window(tmp_path: Path) -> None:
+    spans = tmp_path / "spans.jsonl"
+    truth = measure(ForumSetup(seed=4), requests=16, warmup_requests=4, spans=spans)
+    assert spans.is_file() and truth.spans == (str(spans),)
+    assert set(truth.server_ms) <= {"GET /", "GET /post/{id}"}
+    assert sum(map(len, truth.server_ms.values())) == 16  # the warm-up requests are left out
+    for route in truth.server_ms:
+        # the server's latency of a request is within what its client saw (plus the network in between)
+        assert sorted(truth.server_ms[route])[0] <= sorted(truth.client_ms[route])[0]
+    begin, end = truth.window_ns
+    assert 0 < begin < end
+
+
+def test_every_process_is_stopped_even_when_the_block_raises() -> None:
+    urls = []
+    with pytest.raises(RuntimeError, match="boom"), deploy(ForumSetup(seed=5)) as d:
+        urls += [d.url, d.blob_url]
+        assert not _refused(d.url)
+        raise RuntimeError("boom")
+    assert all(_refused(u) for u in urls)
+
+
+def test_failure_routes_all_load_to_the_surviving_replica(tmp_path: Path) -> None:
+    truth = measure(ForumSetup(seed=6), Applied(app_replicas=2, failed_replicas=1), users=2, requests=12,
+                    warmup_requests=2, spans=tmp_path / "s.jsonl")
+    assert truth.errors == 0
+    assert [Path(s).name for s in truth.spans] == ["s.r0.jsonl", "s.r1.jsonl"]
+    assert sum(map(len, truth.server_ms.values())) == 12  # all served by replica 0, nothing lost
+
+
+def test_an_app_that_cannot_start_raises_with_its_log() -> None:
+    with pytest.raises(GroundTruthError, match="unrecognized arguments"):
+        measure(ForumSetup(app_args=("--no-such-flag",)), requests=1)
+
+
+@pytest.mark.redis
+def test_redis_behind_its_proxy(redis_url: str) -> None:
+    truth = measure(ForumSetup(redis_url=redis_url, seed=7), Applied(added_ms=(("redis", 15.0),)),
+                    requests=8, warmup_requests=2, paths=("/?page={n}",))
+    assert set(truth.resources) == {"blob", "redis"} and truth.errors == 0
+    assert min(truth.client_ms["GET /"]) >= 15.0  # the cache lookup pays one round trip at least
+    assert BLOB_NAME == "blob"
