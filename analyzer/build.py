@@ -74,6 +74,8 @@ class _Obs:
     inline: bool = False
     won_by: str = ""
     """any-wait sync nodes: the predecessor(s) that finished first (comma-separated ids)."""
+    cpu_before_ns: int = 0
+    """io nodes: the part of ``cpu_ns`` in the step that made the call (before its first wait)."""
     """sync nodes: the point completed without suspending the task (an inline body: timeout, TaskGroup)."""
 
 
@@ -168,7 +170,7 @@ def _merge(route: str, variant: int, members: Sequence[RequestGraph]) -> CausalG
     for node_id, proto in first.nodes.items():
         samples = [rg.nodes[node_id] for rg in members]
         extra = dict(proto.extra)
-        for key in ("ready_ms", "wait_ms"):
+        for key in ("ready_ms", "wait_ms", "cpu_before_ms"):
             if key in extra:
                 extra[key] = [round(float(s.extra[key][0]), 6) for s in samples]
         if "wait_ms" in extra and not any(extra["wait_ms"]):
@@ -390,8 +392,10 @@ class _Builder:
             if what == "io":
                 io = payload
                 close_compute(io.start_ns)
+                before, after = self._io_cpu(task, io)
                 add(_Obs(new_id("io"), NodeKind.IO, max(io.start_ns, lo), min(io.end_ns, hi),
-                         min(io.end_ns, hi) - max(io.start_ns, lo), path, io.operation, io=io))
+                         min(io.end_ns, hi) - max(io.start_ns, lo), path, io.operation, io=io,
+                         cpu_ns=before + after, cpu_before_ns=before))
                 continue
             sync = payload
             close_compute(t)
@@ -401,6 +405,28 @@ class _Builder:
             add(self._sync_node(sync, path, t, t, inline=True))
         close_compute(seq[-1].end_ns if seq else max(lo, task.created_ns))
         return seq
+
+    def _io_cpu(self, task: TaskLife, io: IoCall) -> tuple[int, int]:
+        """CPU of the loop thread inside an I/O call, (in the step that made it, in later steps), in ns.
+
+        The client library's work on the loop (serialising the request, parsing the answer): the steps of the
+        calling task inside the call, pro-rated by overlap like compute pieces, and the steps of the tasks it
+        created inside the call (a library's own helper tasks).
+        """
+        before = after = 0
+        tasks = [task] + [t for t in self.req.tasks.values()
+                          if t.parent_id == task.task_id and io.start_ns < t.created_ns < io.end_ns]
+        for t in tasks:
+            for st in t.steps:
+                a, b = max(st.start_ns, io.start_ns), min(st.end_ns, io.end_ns)
+                if b <= a or not st.wall_ns:
+                    continue
+                cpu = round(st.cpu_ns * (b - a) / st.wall_ns)
+                if t is task and st.start_ns <= io.start_ns:
+                    before += cpu
+                else:
+                    after += cpu
+        return before, after
 
     @staticmethod
     def _outside_io(a: int, b: int, ios: Sequence[IoCall]) -> list[tuple[int, int]]:
@@ -610,6 +636,8 @@ def _to_node(obs: _Obs) -> Node:
         extra["wait_ms"] = [obs.wait_ns / 1e6]
     if obs.won_by:
         extra["won_by"] = obs.won_by
+    if obs.kind is NodeKind.IO:
+        extra["cpu_before_ms"] = [obs.cpu_before_ns / 1e6]
     return Node(
         id=obs.id,
         kind=obs.kind,
@@ -621,7 +649,7 @@ def _to_node(obs: _Obs) -> Node:
         api=io.api if io else "",
         resource=io.resource if io else "",
         system=io.system if io else "",
-        cpu_ms=(obs.cpu_ns / 1e6,) if obs.kind is NodeKind.COMPUTE else (),
+        cpu_ms=(obs.cpu_ns / 1e6,) if obs.kind in (NodeKind.COMPUTE, NodeKind.IO) else (),
         round_trips=(io.round_trips,) if io else (),
         request_bytes=(io.request_bytes,) if io else (),
         response_bytes=(io.response_bytes,) if io else (),

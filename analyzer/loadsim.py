@@ -49,7 +49,8 @@ from analyzer.scenario import Failure, Load, Scenario, Tier, matches
 if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
-__all__ = ["Workload", "simulate", "simulate_scenario"]
+__all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "BackgroundDemand", "Workload", "background_demand", "simulate", "simulate_scenario",
+           "with_background"]
 
 FloatArray = npt.NDArray[np.float64]
 Adjust = Callable[[int, int, int, int], float]
@@ -77,6 +78,15 @@ class Workload:
     ``durations`` entry (the client side of the call)."""
     server: tuple[int, ...] = ()
     """Per node with ``nested``: the CPU server that runs the sub-request's compute (0: the caller's)."""
+    cpu_before: FloatArray | None = None
+    """``(nodes, columns)`` or None: io nodes' CPU on the loop before the call's wait (the client library
+    serialising the request), served FIFO on the loop; part of the node's ``durations``."""
+    cpu_after: FloatArray | None = None
+    """``(nodes, columns)`` or None: io nodes' CPU on the loop after the wait (parsing the answer)."""
+    background: tuple[float, ...] = ()
+    """Per node: CPU (ms) no request records that the process spends for this call (other threads under the
+    GIL, the kernel's share): queued on the CPU server when the call's wait starts, and the call cannot end
+    before it is served; not part of the request's path otherwise. On the start node: per request."""
 
 
 _MAX_DEPTH = 4
@@ -167,12 +177,39 @@ def simulate(
         issued += 1
         open_request(k, t, 0, None, 0)
 
+    def hold(server: int, t: float, d: float) -> float:
+        """FIFO single server: a job of ``d`` ms arriving at ``t`` ends then."""
+        s = max(t, loop_free[server])
+        loop_free[server] = s + d
+        return s + d
+
+    def cpu_of(w: Workload, j: int, col: int) -> tuple[float, float]:
+        if w.cpu_before is None or w.cpu_after is None:
+            return 0.0, 0.0
+        return float(w.cpu_before[j, col]), float(w.cpu_after[j, col])
+
     def start_io(r: int, j: int, t: float, d: float) -> None:
         k = req_kind[r]
         w = workloads[k]
         g = w.group[j] if w.group else -1
         if g >= 0:
             inflight[g] += 1
+        before, after = cpu_of(w, j, req_col[r])
+        if before > 0 or after > 0 or (w.background and w.background[j] > 0 and req_depth[r] == 0
+                                       and j != w.plan.end):
+            # the client library's CPU before the wait holds the loop first (phase 3 when served)
+            push(hold(req_server[r], t, before), r, j, 3)
+            return
+        wait_io(r, j, t, d)
+
+    def wait_io(r: int, j: int, t: float, d: float) -> None:
+        """The call's wait (and its background CPU) from ``t``; ``d``: the call's whole duration."""
+        k = req_kind[r]
+        w = workloads[k]
+        g = w.group[j] if w.group else -1
+        before, after = cpu_of(w, j, req_col[r])
+        chunk = w.background[j] if w.background and req_depth[r] == 0 and j != w.plan.end else 0.0
+        floor = hold(req_server[r], t, chunk) if chunk > 0 else t
         route = w.nested[j] if w.nested else -1
         if route >= 0 and req_depth[r] < _MAX_DEPTH:
             i = variant_cursor[route]
@@ -184,16 +221,21 @@ def simulate(
         if g >= 0 and adjust is not None:
             level = math.ceil(inflight[g] * scale[g] - 1e-9)
             d = max(d + adjust(k, j, req_col[r], level), 0.0)
-        push(t + d, r, j, 1)
+        end_wait(r, j, max(t + max(d - before - after, 0.0), floor))
+
+    def end_wait(r: int, j: int, t: float) -> None:
+        """The call's answer arrived at ``t``: its CPU after the wait holds the loop, then the call ends."""
+        _, after = cpu_of(workloads[req_kind[r]], j, req_col[r])
+        if after > 0:
+            push(t, r, j, 4)  # reserve the loop at t (in time order), then end
+        else:
+            push(t, r, j, 1)
 
     def begin(r: int, j: int, t: float) -> None:
         w = workloads[req_kind[r]]
         d = float(w.durations[j, req_col[r]])
         if w.on_loop[j]:
-            server = req_server[r]
-            s = max(t, loop_free[server])  # FIFO single server: service starts when the loop is free
-            loop_free[server] = s + d
-            push(s + d, r, j, 0)
+            push(hold(req_server[r], t, d), r, j, 0)  # FIFO single server: starts when the loop is free
             return
         p = w.pool[j] if w.pool else -1
         if p >= 0:
@@ -212,6 +254,12 @@ def simulate(
             continue
         k = req_kind[r]
         w = workloads[k]
+        if phase == 3:  # the call's CPU before its wait was served
+            wait_io(r, j, t, float(w.durations[j, req_col[r]]))
+            continue
+        if phase == 4:  # the answer arrived: the CPU after the wait, then the call ends
+            push(hold(req_server[r], t, cpu_of(w, j, req_col[r])[1]), r, j, 1)
+            continue
         if phase == 1:  # an io call (or delay) finished: release what it held
             g = w.group[j] if w.group else -1
             if g >= 0:
@@ -235,8 +283,13 @@ def simulate(
             pr, pj = parent
             if done_count >= warmup:
                 out[k].append(t - req_t0[r])
-            push(t + float(workloads[req_kind[pr]].durations[pj, req_col[pr]]), pr, pj, 1)
+            pw = workloads[req_kind[pr]]
+            before, after = cpu_of(pw, pj, req_col[pr])
+            end_wait(pr, pj, t + max(float(pw.durations[pj, req_col[pr]]) - before - after, 0.0))
             continue
+        if w.background and w.background[j] > 0:
+            # a request without io calls: its background CPU follows it (as the server's work between requests)
+            hold(req_server[r], t, w.background[j])
         done_count += 1
         if done_count > warmup:
             out[k].append(t - req_t0[r])
@@ -297,22 +350,47 @@ def simulate_scenario(
 
     nesting = _Nesting(graphs, models, load.nested)
     curves = _Curves(store, scenario)
-    ready_nodes = 0
+    ready_nodes = io_cpu_nodes = calibrated_nodes = 0
     parts: list[tuple[Any, ...]] = []
     for gi, (graph, model) in enumerate(zip(graphs, models, strict=True)):
         durations = model.sample_matrix()
+        raw_scale = graph.meta.get(CPU_SCALE_KEY)
+        scale = float(raw_scale) if isinstance(raw_scale, (int, float)) and raw_scale > 0 else None
         on_loop, pool, group, nested, server = [], [], [], [], []
+        cpu_before, cpu_after = np.zeros_like(durations), np.zeros_like(durations)
         for j, node_id in enumerate(model.plan.ids):
             node = graph.node(node_id)
             on_loop.append(node.kind is NodeKind.COMPUTE)
+            if node.kind is NodeKind.IO and len(node.cpu_ms) == model.base.shape[1]:
+                io_cpu_nodes += 1
+                cpu_before[j], cpu_after[j] = _io_cpu(node, model.idx)
             ready = node.extra.get("ready_ms")
-            if node.kind is NodeKind.COMPUTE and isinstance(ready, list) and len(ready) == model.base.shape[1]:
+            if scale is not None and node.kind is NodeKind.IO:
+                # calibrated: the call's CPU is the process's own share only (the collector's cost taken out)
+                durations[j] = np.maximum(durations[j] - (1.0 - scale) * (cpu_before[j] + cpu_after[j]), 0.0)
+                cpu_before[j] *= scale
+                cpu_after[j] *= scale
+            if (scale is not None and node.kind is NodeKind.COMPUTE
+                    and len(node.cpu_ms) == model.base.shape[1]):
+                # calibrated: a segment holds the loop for its CPU time without the collector's share; its
+                # recorded wall time beyond that was contention (other threads, processes), which is simulated
+                cpu = np.asarray(node.cpu_ms, dtype=np.float64)[model.idx]
+                changed = durations[j] - model.base[j][model.idx]  # what the scenario's other changes added
+                durations[j] = np.maximum(cpu * scale + changed, 0.0)
+                calibrated_nodes += 1
+            elif node.kind is NodeKind.COMPUTE and isinstance(ready, list) and len(ready) == model.base.shape[1]:
                 # The recorded segment includes the wait for the loop before the task first ran: that wait is
                 # what the simulation reproduces, so the loop is held for the rest only.
                 waited = np.asarray(ready, dtype=np.float64)[model.idx]
                 durations[j] = np.maximum(durations[j] - waited, 0.0)
                 ready_nodes += 1
             target, srv = nesting.target(gi, j, node, durations)
+            if node.kind is NodeKind.IO:
+                # the CPU is part of the call's duration: never more than it (a client side shortened by nesting)
+                total = cpu_before[j] + cpu_after[j]
+                shrink = np.where(total > durations[j], durations[j] / np.maximum(total, 1e-12), 1.0)
+                cpu_before[j] *= shrink
+                cpu_after[j] *= shrink
             nested.append(target)
             server.append(srv)
             if node.kind is not NodeKind.IO:
@@ -327,10 +405,24 @@ def simulate_scenario(
             group.append(group_ids[key])
             if target < 0:
                 curves.register(gi, j, node, durations[j])
-        parts.append((model.plan, durations, tuple(on_loop), tuple(pool), tuple(group), tuple(nested), tuple(server)))
+        has_cpu = bool(cpu_before.any() or cpu_after.any())
+        parts.append((model.plan, durations, tuple(on_loop), tuple(pool), tuple(group), tuple(nested), tuple(server),
+                      cpu_before if has_cpu else None, cpu_after if has_cpu else None))
     # weights once every nested call is known
-    workloads = [Workload(plan, durations, loop, pool, group, nesting.weight(gi), nested, server)
-                 for gi, (plan, durations, loop, pool, group, nested, server) in enumerate(parts)]
+    weights = [nesting.weight(gi) for gi in range(len(graphs))]
+    background, how = _background(graphs, [p[0] for p in parts], weights)
+    if how:
+        notes.append(how)
+    workloads = [Workload(plan, durations, loop, pool, group, weights[gi], nested, server, before, after,
+                          background[gi])
+                 for gi, (plan, durations, loop, pool, group, nested, server, before, after) in enumerate(parts)]
+    if calibrated_nodes:
+        factors = sorted({round(float(g.meta[CPU_SCALE_KEY]), 3) for g in graphs if CPU_SCALE_KEY in g.meta})
+        notes.append(f"calibrated CPU: {calibrated_nodes} compute nodes hold the loop for their CPU time x "
+                     f"{', '.join(map(str, factors))} (the process's CPU measured without the collector)")
+    if io_cpu_nodes:
+        notes.append(f"{io_cpu_nodes} io nodes hold the loop for their recorded CPU (the client library's work "
+                     "before and after the wait); only the rest of the call overlaps")
     for gid, f in failed_groups.items():
         if not curves.has_group(gid, workloads):
             raise ProfileError(
@@ -350,6 +442,133 @@ def simulate_scenario(
         adjust=curves.adjust if curves.any else None, routes=nesting.routes, servers=nesting.servers,
     )
     return latencies, notes
+
+
+def _io_cpu(node: Node, idx: npt.NDArray[np.intp]) -> tuple[FloatArray, FloatArray]:
+    """An io node's CPU on the loop per column: (before the wait, after it).
+
+    ``cpu_before_ms`` (the step that made the call) when the graph has it, else half of ``cpu_ms``.
+    """
+    cpu = np.asarray(node.cpu_ms, dtype=np.float64)[idx]
+    first = node.extra.get("cpu_before_ms")
+    if isinstance(first, list) and len(first) == len(node.cpu_ms):
+        before = np.minimum(np.asarray(first, dtype=np.float64)[idx], cpu)
+    else:
+        before = cpu / 2
+    return before, cpu - before
+
+
+BACKGROUND_KEY = "background_cpu_ms"
+"""Graph ``meta`` key: CPU (ms) per user request that the process spends outside the requests' recorded CPU."""
+
+CPU_SCALE_KEY = "cpu_scale"
+"""Graph ``meta`` key: the factor that turns recorded on-loop CPU into the CPU of the app without the collector
+(``min(1, process / traced)``); when present, compute nodes hold the loop for ``cpu_ms`` x it."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackgroundDemand:
+    """A process's CPU per user request, and the part of it the requests' spans record."""
+
+    process_ms: float
+    """The process's CPU time (user + system, every thread) per user request, measured without the collector."""
+    traced_ms: float
+    """CPU recorded on requests' nodes per user request: compute segments and io calls' on-loop CPU, over
+    every traced route (the services a user request calls in the same process included)."""
+
+    @property
+    def background_ms(self) -> float:
+        """What no request records (other threads, the kernel's share): ``max(process - traced, 0)``."""
+        return max(self.process_ms - self.traced_ms, 0.0)
+
+    @property
+    def cpu_scale(self) -> float:
+        """``min(1, process / traced)``: below 1 when the recorded CPU exceeds the whole process's CPU without the
+        collector, i.e. the collector's own cost inside the steps; the recorded CPU is scaled down by it."""
+        return min(1.0, self.process_ms / self.traced_ms) if self.traced_ms > 0 else 1.0
+
+    def to_json(self) -> dict[str, float]:
+        return {"process_ms": self.process_ms, "traced_ms": self.traced_ms, "background_ms": self.background_ms,
+                "cpu_scale": self.cpu_scale}
+
+
+def background_demand(
+    graphs: Sequence[CausalGraph], user_graphs: Sequence[CausalGraph], process_cpu_ms: float
+) -> BackgroundDemand:
+    """Split a measured process CPU per user request into what the graphs record and the background rest.
+
+    Parameters
+    ----------
+    graphs
+        Every graph of the process's spans over the measured window (in-process services included).
+    user_graphs
+        The graphs of the routes users request (their request counts are the denominator).
+    process_cpu_ms
+        The process's CPU per user request (psutil ``cpu_times`` user + system over a run, divided by the
+        requests), measured *without* the collector, so that the collector's own CPU is not counted.
+    """
+    traced = 0.0
+    for g in graphs:
+        for node in g.nodes:
+            if node.kind is NodeKind.COMPUTE:
+                traced += float(np.sum(node.cpu_ms if node.cpu_ms else node.samples_ms))
+            elif node.kind is NodeKind.IO:
+                traced += float(np.sum(node.cpu_ms))
+    requests = sum(g.count for g in user_graphs)
+    if requests < 1:
+        raise ValueError("user_graphs hold no request")
+    return BackgroundDemand(process_cpu_ms, traced / requests)
+
+
+def with_background(
+    graphs: Sequence[CausalGraph], background_ms: float | BackgroundDemand
+) -> list[CausalGraph]:
+    """Copies of ``graphs`` whose ``meta`` carries the background CPU per user request (``BACKGROUND_KEY``).
+
+    Given a :class:`BackgroundDemand`, also its ``cpu_scale`` (``CPU_SCALE_KEY``): compute nodes then hold the
+    loop for their CPU time scaled by it. The load simulation reads both (:func:`simulate_scenario`);
+    ``dump_graphs`` keeps them.
+    """
+    extra: dict[str, float] = {}
+    if isinstance(background_ms, BackgroundDemand):
+        extra[CPU_SCALE_KEY] = background_ms.cpu_scale
+        background_ms = background_ms.background_ms
+    if background_ms < 0:
+        raise ValueError(f"background_ms must be non-negative, got {background_ms}")
+    extra[BACKGROUND_KEY] = background_ms
+    return [CausalGraph(g.route, g.nodes, list(g.dag.edges), variant=g.variant, latency_ms=g.latency_ms,
+                        trace_ids=g.trace_ids, meta={**g.meta, **extra}) for g in graphs]
+
+
+def _background(
+    graphs: Sequence[CausalGraph], plans: Sequence[DagPlan], weights: Sequence[float]
+) -> tuple[list[tuple[float, ...]], str]:
+    """Per graph, per node: the background CPU each io call (or, without io, the start node) queues.
+
+    The process's unrecorded CPU is mostly per call (a worker thread running a query, a client library in
+    another thread, the kernel moving the bytes), so the demand per user request ``B`` is spread over the io
+    calls: ``B / E[calls]`` per call, ``E[calls]`` the mean number of io calls per user request. Requests
+    without io calls queue it when they end (held on the end node), like a server's work between requests.
+    """
+    amounts = [float(g.meta.get(BACKGROUND_KEY, 0.0) or 0.0) for g in graphs]
+    demand = max(amounts, default=0.0)
+    out = [tuple(0.0 for _ in range(p.size)) for p in plans]
+    if demand <= 0:
+        return out, ""
+    ios = [[j for j, i in enumerate(p.ids) if g.node(i).kind is NodeKind.IO] for g, p in zip(graphs, plans, strict=True)]
+    total = sum(weights)
+    calls = sum(w * len(c) for w, c in zip(weights, ios, strict=True)) / total if total > 0 else 0.0
+    for gi, plan in enumerate(plans):
+        row = [0.0] * plan.size
+        if calls > 0:
+            for j in ios[gi]:
+                row[j] = demand / calls
+        else:
+            row[plan.end] = demand
+        out[gi] = tuple(row)
+    per = f"{demand / calls:.3g} ms per io call ({calls:.3g} calls per request)" if calls > 0 else "per request"
+    return out, (f"background CPU {demand:.3g} ms per request (measured outside the requests' recorded CPU): "
+                 f"queued on the loop's server, {per}; a call ends no sooner than its share is served")
 
 
 class _Nesting:

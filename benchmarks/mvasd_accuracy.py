@@ -2,24 +2,27 @@
 
 1. Starts ``python -m examples.forum --port 0 --postgres ... [--redis ...]`` and load-tests ``GET /`` with
    ``perfcast loadtest`` at several concurrency levels (think time chosen so that the levels span light load
-   to saturation of the app's event loop). The stations are the CPU of three process trees, measured with
-   psutil: the app (one server: one Python process, one event loop), PostgreSQL (the postmaster and its
-   backends) and Redis (one server). Whole-host CPU is recorded too but not modelled: the machine is shared
-   with the load generator and other work, so process CPU time is the cleaner demand.
-2. Fits MVASD (multi-server exact MVA with demands interpolated by a not-a-knot cubic spline over users,
-   held constant outside the measured range; Kattepur and Nambiar 2015, Algorithm 2) on a few levels and
-   predicts the others (:mod:`analyzer.mvasd`).
-3. Prints the mean % deviation of eq. 13 of the paper, per held-out level and overall, for throughput, cycle
-   time R + Z (what the paper's tables report) and response time R alone; and the same for constant-demand
-   exact MVA fed with one level's demands ("MVA i" in the paper), for contrast.
+   to saturation of the app's event loop), ``--rounds`` times over; the merged file keeps per-level medians.
+   The stations are the CPU of the app process (one server: one Python process, one event loop), of the
+   PostgreSQL backends serving the app's pool (not those of other clients) and of Redis (one server), measured
+   with psutil. Whole-host CPU is not modelled: the machine is shared with the load generator and other work.
+2. Fits MVASD (multi-server exact MVA with demands interpolated by a not-a-knot cubic spline over users, held
+   constant outside the measured range; Kattepur and Nambiar 2015, Algorithm 2; :mod:`analyzer.mvasd`) on a
+   few levels and predicts the others: with the paper's stations only, with a delay station for the latency
+   that queues nowhere, with that latency calibrated at each fitted level, with demands against throughput
+   (the paper's section VII), and constant-demand exact MVA ("MVA i" in the paper) for contrast.
+3. Prints the mean % deviation of eq. 13 of the paper for throughput, cycle time R + Z (what the paper's
+   tables report) and response time R alone; for the chosen fit set and as the median over every fit set of
+   the same size that includes the lowest and highest level.
 
-The measured load test is written to ``benchmarks/results/`` so the figures can be re-derived without
-measuring again: ``python benchmarks/mvasd_accuracy.py --from benchmarks/results/mvasd_forum_loadtest.json``.
+The measurement is written to ``benchmarks/results/`` so the figures can be re-derived without measuring again:
+``python benchmarks/mvasd_accuracy.py --from benchmarks/results/mvasd_forum_loadtest.json``.
 
 Usage::
 
-    python benchmarks/mvasd_accuracy.py [--users 1,5,10,20,30,40,50,60] [--fit 1,10,30,60] [--think 0.2s]
-        [--duration 20s] [--warmup 5s] [--postgres URL] [--redis URL | --no-redis] [--from FILE]
+    python benchmarks/mvasd_accuracy.py [--users 1,5,10,20,30,40,60] [--fit 1,10,30,60] [--think 0.2s]
+        [--duration 12s] [--warmup 3s] [--rounds 3] [--nice -10] [--postgres URL] [--redis URL | --no-redis]
+        [--output FILE] [--from FILE]
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 import urllib.request
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -56,7 +59,7 @@ from replayer.monitor import pid_listening_on
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "mvasd_forum_loadtest.json"
 MODELLED = ("app-cpu", "postgres-cpu", "redis-cpu")
-"""Stations of the model: the process-tree CPU stations (see the module docstring)."""
+"""Stations of the model: the process CPU stations (see the module docstring)."""
 
 
 def _niced(cmd: list[str], nice: int) -> list[str]:
@@ -336,7 +339,7 @@ def report(doc: dict[str, Any], fit: Sequence[int]) -> dict[str, dict[str, float
     rows.append(("MVASD: CPU demands + latency calibrated per fitted level", solve_mvasd(
         _calibrated_latency(doc, fit), n_max)))
     fitted_x = [measured[u]["throughput_per_s"] for u in sorted(fit)]
-    if all(b > a for a, b in zip(fitted_x, fitted_x[1:])):
+    if all(b > a for a, b in itertools.pairwise(fitted_x)):
         rows.append(("MVASD vs throughput (sec. VII): CPU + latency delay", solve_mvasd(
             _model(doc, fit, occupancy=False, delay=True, axis=DemandAxis.THROUGHPUT), n_max)))
     rows += [(f"  exact MVA, CPU demands of users={u} + delay (MVA {u})", solve_exact(_constant(cpu_delay, u), n_max))

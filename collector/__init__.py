@@ -83,6 +83,7 @@ def instrument(
     service_name: str | None = None,
     quiet: bool = False,
     otlp_http: bool | None = None,
+    cpu_time: bool = True,
     settings: Settings | None = None,
 ) -> TracerProvider:
     """Install causal tracing in this process and start exporting spans.
@@ -105,6 +106,9 @@ def instrument(
         Do not print the summary line at exit.
     otlp_http
         Also export over OTLP/HTTP; None: when ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` is set.
+    cpu_time
+        Measure each task step's CPU time (two ``thread_time`` syscalls a step); off, ``perfcast.steps.cpu_ns``
+        is left out and readers use the wall time.
     settings
         All of the above at once (overrides them); ``collector.environment.settings_from_env()`` reads them
         from ``PERFCAST_*`` variables.
@@ -133,6 +137,7 @@ def instrument(
                 service_name=service_name,
                 quiet=quiet,
                 otlp_http=otlp_http,
+                cpu_time=cpu_time,
             )
         except ValueError as exc:
             raise CollectorError(str(exc)) from None

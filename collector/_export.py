@@ -46,7 +46,25 @@ def to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
 
 
 def _value(value: Any) -> dict[str, Any]:
-    # the AnyValue oneof, as json_format writes it (int64 as a decimal string)
+    # the AnyValue oneof, as json_format writes it (int64 as a decimal string); exact types first (fast path)
+    kind = type(value)
+    if kind is str:
+        return {"stringValue": value}
+    if kind is int:
+        return {"intValue": str(value)}
+    if kind is tuple or kind is list:
+        if not value:
+            return {"arrayValue": {}}
+        first = type(value[0])
+        if first is int and all(type(v) is int for v in value):
+            return {"arrayValue": {"values": [{"intValue": str(v)} for v in value]}}
+        if first is str and all(type(v) is str for v in value):
+            return {"arrayValue": {"values": [{"stringValue": v} for v in value]}}
+        return {"arrayValue": {"values": [_value(v) for v in value]}}
+    return _other_value(value)
+
+
+def _other_value(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if isinstance(value, bool):
@@ -58,7 +76,7 @@ def _value(value: Any) -> dict[str, Any]:
     if isinstance(value, float):
         if math.isnan(value):
             return {"doubleValue": "NaN"}
-        if value in (float("inf"), float("-inf")):
+        if math.isinf(value):
             return {"doubleValue": "Infinity" if value > 0 else "-Infinity"}
         return {"doubleValue": value}
     if isinstance(value, bytes):
@@ -138,11 +156,21 @@ def _span_json(span: ReadableSpan) -> dict[str, Any]:
 
 def encode_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     """``to_otlp_json(spans)``, computed directly (same grouping by resource and scope, same JSON)."""
-    groups: dict[Any, dict[Any, list[dict[str, Any]]]] = {}
+    # Grouped by identity first (hashing a Resource hashes all its attributes, on every span), then by
+    # equality, which is how the protobuf encoder groups.
+    by_id: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    objects: dict[tuple[int, int], tuple[Any, Any]] = {}
     for span in spans:
-        groups.setdefault(span.resource, {}).setdefault(
-            span.instrumentation_scope, []
-        ).append(_span_json(span))
+        key = (id(span.resource), id(span.instrumentation_scope))
+        encoded_spans = by_id.get(key)
+        if encoded_spans is None:
+            encoded_spans = by_id[key] = []
+            objects[key] = (span.resource, span.instrumentation_scope)
+        encoded_spans.append(_span_json(span))
+    groups: dict[Any, dict[Any, list[dict[str, Any]]]] = {}
+    for key, encoded_spans in by_id.items():
+        resource, scope = objects[key]
+        groups.setdefault(resource, {}).setdefault(scope, []).extend(encoded_spans)
     resource_spans = []
     for resource, scopes in groups.items():
         scope_spans = []

@@ -8,6 +8,7 @@ spans and writes the JSON lines with the same encoder (``collector._export``).
 
 from __future__ import annotations
 
+import functools
 import marshal
 import os
 import pickle
@@ -104,6 +105,11 @@ def _rebuild_context(raw: tuple[int, int, int, bool] | None) -> SpanContext | No
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _scope(name: str, version: str | None) -> InstrumentationScope:
+    return InstrumentationScope(name, version)
+
+
 def _rebuild(raw: tuple[Any, ...], resources: dict[int, Resource]) -> ReadableSpan:
     (
         name,
@@ -132,7 +138,7 @@ def _rebuild(raw: tuple[Any, ...], resources: dict[int, Resource]) -> ReadableSp
         status=Status(StatusCode(code), description),
         start_time=start,
         end_time=end,
-        instrumentation_scope=InstrumentationScope(scope[0], scope[1]),
+        instrumentation_scope=_scope(scope[0], scope[1]),
     )
 
 

@@ -61,7 +61,9 @@ class CausalSpanProcessor(SpanProcessor):
                 else:
                     kind = extra[A.KIND] = "io"
             if extra:
-                span.set_attributes(extra)
+                _set_on_ended(
+                    span, extra
+                )  # same direct write: the span is not visible to anyone else yet
             if role not in (None, "request"):
                 self._open_io(span, role, rec, kind == "io")
             elif role is None and kind == "io":
@@ -119,11 +121,16 @@ class CausalSpanProcessor(SpanProcessor):
 
 def _set_on_ended(span: Span, values: dict[str, Any]) -> None:
     # The SDK freezes attributes before calling _on_ending; perfcast's measurements are only complete then,
-    # so they are written into the (private) bounded attribute map directly.
+    # so they are written into the (private) dict of the bounded attribute map: the values are ints and
+    # strings perfcast made, which need none of its validation.
     if not values:
         return
     bounded = span._attributes
-    if bounded is None:
+    target = getattr(bounded, "_dict", None)
+    if isinstance(target, dict) and (
+        bounded.maxlen is None or len(target) + len(values) <= bounded.maxlen
+    ):
+        target.update(values)
         return
     frozen = getattr(bounded, "_immutable", False)
     bounded._immutable = False

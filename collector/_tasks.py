@@ -36,6 +36,10 @@ _perf_ns = time.perf_counter_ns
 _thread_ns = time.thread_time_ns
 
 
+def _no_cpu_clock() -> int:
+    return 0
+
+
 @dataclass(slots=True, eq=False)
 class TaskRecord:
     """What the collector knows about one live task; the step arrays hold the current chunk."""
@@ -229,7 +233,10 @@ def _awaited(rec: TaskRecord, waiter: Any) -> str:
         return f"sleep:{rec.sleep_ns}"
     if rec.await_tag is not None:
         return rec.await_tag
-    if rec.io_stack:
+    stack = rec.io_stack
+    while stack and not stack[-1].open:
+        stack.pop()  # an I/O call inherited from the parent task has ended
+    if stack:
         return "io"
     return "future"
 
@@ -277,9 +284,10 @@ def flush(rec: TaskRecord, task: Any) -> None:
         A.STEPS_FIRST: first,
         A.STEPS_START_NS: starts,
         A.STEPS_WALL_NS: walls,
-        A.STEPS_CPU_NS: cpus,
         A.STEPS_AWAITS: awaits,
     }
+    if _runtime.settings.cpu_time:
+        attributes[A.STEPS_CPU_NS] = cpus
     _runtime.emit_span(
         f"task {rec.coro}",
         rec.parent_ctx,
@@ -301,9 +309,10 @@ def flush_all() -> None:
 
 def install() -> None:
     """Patch ``Handle._run`` and wrap ``BaseEventLoop.create_task``."""
-    global _orig_run, _orig_call_later
+    global _orig_run, _orig_call_later, _thread_ns
     if _orig_run is not None:
         return
+    _thread_ns = time.thread_time_ns if _runtime.settings.cpu_time else _no_cpu_clock
     if _OTEL_VAR is None:
         raise RuntimeError("opentelemetry's runtime context is not contextvars-based")
     _orig_run = asyncio.events.Handle._run

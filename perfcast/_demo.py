@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,9 +22,24 @@ if TYPE_CHECKING:
 
     from analyzer.graph import CausalGraph
 
-__all__ = ["DemoResult", "ScenarioOutcome", "demo", "run_demo"]
+__all__ = ["DemoResult", "RouteComparison", "ScenarioOutcome", "demo", "run_demo"]
 
 ROUTES = ("GET /", "GET /post/{id}")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteComparison:
+    """One route under one scenario: the predicted and the measured distribution, and how far apart."""
+
+    route: str
+    baseline: Mapping[str, float]
+    """The baseline model's p50, p90, p99, mean (ms) and count."""
+    predicted: Mapping[str, float]
+    measured: Mapping[str, float]
+    ks_d: float
+    """max |F_pred(x) - F_meas(x)|: the Kolmogorov-Smirnov D."""
+    median_deviation: float
+    """The median of |F_pred(x) - F_meas(x)| (WebPerf's headline figure)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +48,7 @@ class ScenarioOutcome:
 
     name: str
     spec: str
-    rows: tuple[dict[str, Any], ...]
-    """Per route: ``route``, ``predicted`` and ``measured`` summaries (p50, p90, p99, mean, count), ``ks_d``,
-    ``median_deviation``."""
+    rows: tuple[RouteComparison, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +146,11 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
                 continue
             m = np.asarray(got, dtype=np.float64)
             dev = cdf_deviation(p.predicted.samples_ms, m)
-            rows.append({"route": p.route, "baseline": p.baseline.summary(), "predicted": p.predicted.summary(),
-                         "measured": {"p50": float(np.quantile(m, 0.5)), "p90": float(np.quantile(m, 0.9)),
-                                      "p99": float(np.quantile(m, 0.99)), "mean": float(m.mean()),
-                                      "count": int(m.size)},
-                         "ks_d": dev.max, "median_deviation": dev.median})
+            rows.append(RouteComparison(
+                p.route, p.baseline.summary(), p.predicted.summary(),
+                {"p50": float(np.quantile(m, 0.5)), "p90": float(np.quantile(m, 0.9)),
+                 "p99": float(np.quantile(m, 0.99)), "mean": float(m.mean()), "count": float(m.size)},
+                dev.max, dev.median))
             measured_doc.append({"scenario": spec, "route": p.route, "samples_ms": m.round(4).tolist()})
         whatif_doc.append({"name": spec, "predictions": [p.to_json() for p in preds]})
         outcome = ScenarioOutcome(name, spec, tuple(rows))
@@ -205,11 +219,11 @@ def _print_outcome(console: Console, outcome: ScenarioOutcome) -> None:
     table.add_column("KS D", justify="right")
     table.add_column("median dev", justify="right")
     for r in outcome.rows:
-        table.add_row(r["route"], *(f"{r[side][q]:.1f}" for side in ("predicted", "measured")
-                                    for q in ("p50", "p90", "p99", "mean")),
-                      f"{r['ks_d']:.3f}", f"{r['median_deviation']:.1%}")
+        table.add_row(r.route, *(f"{side[q]:.1f}" for side in (r.predicted, r.measured)
+                                 for q in ("p50", "p90", "p99", "mean")),
+                      f"{r.ks_d:.3f}", f"{r.median_deviation:.1%}")
     console.print(table)
-    base = ", ".join(f"{r['route']} p50 {r['baseline']['p50']:.1f}" for r in outcome.rows)
+    base = ", ".join(f"{r.route} p50 {r.baseline['p50']:.1f}" for r in outcome.rows)
     console.print(f"  [dim]today (baseline model): {base} ms[/]", highlight=False)
 
 

@@ -24,8 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "e2e": ("perfcast._whatif", "e2e", "End-to-end latency: cloud side + network + browser (HAR)."),
     "loadtest": ("perfcast._loadtest", "loadtest", "Closed-loop load test at several concurrency levels."),
     "mva": ("perfcast._mva", "mva", "Capacity planning with exact multi-server MVA and MVASD."),
-    "replay": ("perfcast._replay", "replay", "Replay a recorded workload on a host through its agent."),
-    "agent": ("perfcast._replay", "agent", "Run the replay agent on this host."),
+    "agent": ("perfcast._replay", "agent", "Run the monitoring (and replay) agent on this host."),
     "demo": ("perfcast._demo", "demo", "Run the whole story on the bundled example app."),
 }
 

@@ -18,8 +18,9 @@ The deployment: the blob service (``python -m examples.forum.blobs``, blobs, the
 recommendations) in its own process behind the ``blob`` proxy; the forum app (``python -m examples.forum``,
 under the collector when a spans file is asked for) talking to the blob service, and to Redis / PostgreSQL
 through their proxies when given; the recommendation replicas are the blob service reached directly, so that
-moving the blob service does not move them. Each process runs in its own session and is stopped (SIGTERM,
-then SIGKILL of its process group) on every way out, errors and Ctrl-C included.
+moving the blob service does not move them. ``ForumSetup(pin=True)`` gives the app and the noisy neighbour a
+core of their own. Each process runs in its own session and is stopped (SIGTERM, then SIGKILL of its process
+group) on every way out, errors and Ctrl-C included.
 
 Measured latencies are per route (``GET /``, ``GET /post/{id}``): server-side, from the request spans, when the
 app ran under the collector (the quantity the engine predicts), and client-side from the load client always.
@@ -372,6 +373,9 @@ def deploy(
         A process did not start.
     """
     step = on_step or (lambda text: None)
+    for name, url in (("redis", setup.redis_url), ("postgres", setup.postgres_url)):
+        if not url and any(r == name for r, _ in applied.added_ms):
+            raise GroundTruthError(f"added_ms names {name!r}, but the setup has no {name} URL")
     app_cpus, other_cpus = _cpu_split(setup.pin)
     with contextlib.ExitStack() as stack:
         if other_cpus:
@@ -413,8 +417,6 @@ def deploy(
                 proxy = proxies.start([_upstream(url, name)], delays.get(name, 0.0))
                 resources[name] = proxy.address
                 app_args += [flag, _via(url, proxy)]
-            elif name in delays:
-                raise GroundTruthError(f"added_ms names {name!r}, but the setup has no {name} URL")
         spans_files = _spans_files(spans, applied.app_replicas)
         app_urls = []
         for r in range(applied.app_replicas):

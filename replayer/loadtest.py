@@ -394,6 +394,18 @@ async def _run_level(
     )
 
 
+def _allow_sockets(users: int) -> None:
+    """Each user holds a connection: raise the soft open-files limit towards the hard one when it is too low."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = users + 256  # plus the event loop's, the monitors' and the agents' own descriptors
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+
+
 async def run_load_test(
     config: LoadTestConfig,
     *,
@@ -426,6 +438,7 @@ async def run_load_test(
     labels = [p.label for p in processes]
     if len(set(labels)) != len(labels):
         raise LoadTestError(f"`processes`: labels must differ, got {labels}")
+    _allow_sockets(max(config.users))
     rng = np.random.default_rng(config.seed)
     connector = aiohttp.TCPConnector(limit=0)  # one connection per user at most; no pool queueing in the client
     async with aiohttp.ClientSession(connector=connector) as session:

@@ -56,6 +56,7 @@ class LatencyProxy:
     _server: asyncio.Server | None = None
     _rr: itertools.count = field(default_factory=itertools.count)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
     async def start(self) -> LatencyProxy:
         if not self.upstreams:
@@ -69,9 +70,15 @@ class LatencyProxy:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            # Closing the sockets ends the pumps by themselves; cancelling the connection tasks instead would make
+            # asyncio's stream callback log their CancelledError.
+            for writer in list(self._writers):
+                writer.close()
+            if self._tasks:
+                _, pending = await asyncio.wait(self._tasks, timeout=2.0)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
             self._server = None
@@ -96,20 +103,24 @@ class LatencyProxy:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        self._writers.add(client_w)
         self.connections += 1
         try:
             upstream = self._pick()
             up_r, up_w = await asyncio.open_connection(upstream.host, upstream.port)
         except (OSError, ConnectionRefusedError):
             client_w.close()
+            self._writers.discard(client_w)
             self._tasks.discard(task)
             return
+        self._writers.add(up_w)
         half = self.delay_ms / 2000.0
         try:
             await asyncio.gather(self._pump(client_r, up_w, half), self._pump(up_r, client_w, half))
         finally:
             for writer in (client_w, up_w):
                 writer.close()
+                self._writers.discard(writer)
             self._tasks.discard(task)
 
     @staticmethod

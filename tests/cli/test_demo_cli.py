@@ -34,16 +34,16 @@ def test_quick_run_predicts_and_measures_location_and_load(tmp_path: Path) -> No
 
     assert [o.spec for o in result.outcomes] == ["location:blob=+20ms", "load:4"]
     for outcome in result.outcomes:
-        assert {r["route"] for r in outcome.rows} <= {"GET /", "GET /post/{id}"} and outcome.rows
+        assert {r.route for r in outcome.rows} <= {"GET /", "GET /post/{id}"} and outcome.rows
         for row in outcome.rows:
-            assert 0.0 <= row["median_deviation"] <= row["ks_d"] <= 1.0
-            assert row["predicted"]["p50"] <= row["predicted"]["p99"]
+            assert 0.0 <= row.median_deviation <= row.ks_d <= 1.0
+            assert row.predicted["p50"] <= row.predicted["p99"]
     # the location scenario adds 20 ms per round trip to a post page's blob fetch, predicted and measured
-    location = {r["route"]: r for r in result.outcomes[0].rows}
+    location = {r.route: r for r in result.outcomes[0].rows}
     if "GET /post/{id}" in location:
         post = location["GET /post/{id}"]
-        assert post["predicted"]["p50"] > post["baseline"]["p50"] + 15
-        assert post["measured"]["p50"] > 20
+        assert post.predicted["p50"] > post.baseline["p50"] + 15
+        assert post.measured["p50"] > 20
 
     assert result.requests == 16 and result.variants >= 1
     for path in (result.spans, result.graphs, result.predictions, result.measured):

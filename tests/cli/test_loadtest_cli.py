@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -92,6 +93,20 @@ def test_writes_the_documented_json(app_url: str, agent_url: str, tmp_path: Path
             assert s["demand_s"] == pytest.approx(s["busy_servers"] / level["throughput_per_s"])
             assert s["busy_servers"] == pytest.approx(s["utilization"] * s["servers"])
     assert "stations (operational laws)" in result.output
+
+
+def test_process_stations_only(app_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "lt.json"
+    args = ["loadtest", "--url", f"{app_url}/", "--users", "2", "--think", "10ms", "--duration", "0.4s",
+            "--warmup", "0s", "--think-distribution", "constant", "--no-local-monitor",
+            "--pid", f"self={os.getpid()}:2", "-o", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (level,) = json.loads(out.read_text())["levels"]
+    assert list(level["stations"]) == ["self-cpu"]
+    station = level["stations"]["self-cpu"]
+    assert station["servers"] == 2 and station["source"] == "process" and station["demand_s"] > 0
+    assert level["hosts"] == {}
 
 
 def test_bad_users_list_is_a_usage_error(app_url: str) -> None:

@@ -123,3 +123,43 @@ def test_instrument_twice_is_an_error():
             collector.instrument(output=None, quiet=True)
     finally:
         collector.uninstrument()
+
+
+def test_uninstrument_restores_asyncio():
+    import asyncio.base_events
+    import asyncio.events
+    import socket
+    import time
+
+    before = (
+        asyncio.gather,
+        asyncio.wait,
+        asyncio.wait_for,
+        asyncio.shield,
+        asyncio.events.Handle._run,
+        asyncio.base_events.BaseEventLoop.__dict__["create_task"],
+        asyncio.base_events.BaseEventLoop.__dict__["call_later"],
+        asyncio.base_events.BaseEventLoop.__dict__["create_connection"],
+        asyncio.TaskGroup.__dict__["__aexit__"],
+        asyncio.Timeout.__dict__["__aenter__"],
+        time.sleep,
+        socket.socket.recv,
+    )
+    collector.instrument(output=None, quiet=True)
+    assert asyncio.gather is not before[0]
+    collector.uninstrument()
+    after = (
+        asyncio.gather,
+        asyncio.wait,
+        asyncio.wait_for,
+        asyncio.shield,
+        asyncio.events.Handle._run,
+        asyncio.base_events.BaseEventLoop.__dict__["create_task"],
+        asyncio.base_events.BaseEventLoop.__dict__["call_later"],
+        asyncio.base_events.BaseEventLoop.__dict__["create_connection"],
+        asyncio.TaskGroup.__dict__["__aexit__"],
+        asyncio.Timeout.__dict__["__aenter__"],
+        time.sleep,
+        socket.socket.recv,
+    )
+    assert all(a is b for a, b in zip(before, after, strict=True))

@@ -103,3 +103,33 @@ async def test_a_request_handled_in_one_step_is_recorded(collected):
         s for s in collected.of_kind("task") if s.attributes[A.TASK_ID] == child
     ]
     assert chunk.parent.span_id == request.context.span_id
+
+
+def test_cpu_clock_can_be_turned_off():
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
+
+    import collector
+
+    exporter = InMemorySpanExporter()
+    provider = collector.instrument(
+        output=None, exporter=exporter, quiet=True, cpu_time=False
+    )
+
+    async def main() -> None:
+        with provider.get_tracer("t").start_as_current_span("request"):
+            await asyncio.sleep(0)
+
+    try:
+        asyncio.run(main())
+    finally:
+        collector.uninstrument()
+    chunks = [
+        s for s in exporter.get_finished_spans() if s.attributes.get(A.KIND) == "task"
+    ]
+    assert chunks and all(A.STEPS_CPU_NS not in c.attributes for c in chunks)
+    assert all(
+        len(c.attributes[A.STEPS_WALL_NS]) == len(c.attributes[A.STEPS_AWAITS])
+        for c in chunks
+    )

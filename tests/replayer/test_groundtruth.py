@@ -65,13 +65,13 @@ def test_location_is_applied_and_every_round_trip_pays_it() -> None:
 
 def test_collected_run_gives_server_latencies_inside_the_window(tmp_path: Path) -> None:
     spans = tmp_path / "spans.jsonl"
-    truth = measure(ForumSetup(seed=4), requests=16, warmup_requests=4, spans=spans)
+    truth = measure(ForumSetup(seed=4), requests=10, warmup_requests=3, spans=spans)
     assert spans.is_file() and truth.spans == (str(spans),)
     assert set(truth.server_ms) <= {"GET /", "GET /post/{id}"}
-    assert sum(map(len, truth.server_ms.values())) == 16  # the warm-up requests are left out
+    assert sum(map(len, truth.server_ms.values())) == 10  # the warm-up requests are left out
     for route in truth.server_ms:
         # the server's latency of a request is within what its client saw (plus the network in between)
-        assert sorted(truth.server_ms[route])[0] <= sorted(truth.client_ms[route])[0]
+        assert min(truth.server_ms[route]) <= min(truth.client_ms[route])
     begin, end = truth.window_ns
     assert 0 < begin < end
 
@@ -85,12 +85,11 @@ def test_every_process_is_stopped_even_when_the_block_raises() -> None:
     assert all(_refused(u) for u in urls)
 
 
-def test_failure_routes_all_load_to_the_surviving_replica(tmp_path: Path) -> None:
-    truth = measure(ForumSetup(seed=6), Applied(app_replicas=2, failed_replicas=1), users=2, requests=12,
-                    warmup_requests=2, spans=tmp_path / "s.jsonl")
-    assert truth.errors == 0
-    assert [Path(s).name for s in truth.spans] == ["s.r0.jsonl", "s.r1.jsonl"]
-    assert sum(map(len, truth.server_ms.values())) == 12  # all served by replica 0, nothing lost
+def test_failure_routes_all_load_to_the_surviving_replica() -> None:
+    truth = measure(ForumSetup(seed=6), Applied(app_replicas=2, failed_replicas=1), users=2, requests=10,
+                    warmup_requests=2, paths=("/post/{n}",))
+    # replica 2 is stopped: had the balancer still sent connections to it, they would have failed
+    assert truth.errors == 0 and len(truth.client_ms["GET /post/{id}"]) == 10
 
 
 def test_an_app_that_cannot_start_raises_with_its_log() -> None:
@@ -101,7 +100,7 @@ def test_an_app_that_cannot_start_raises_with_its_log() -> None:
 @pytest.mark.redis
 def test_redis_behind_its_proxy(redis_url: str) -> None:
     truth = measure(ForumSetup(redis_url=redis_url, seed=7), Applied(added_ms=(("redis", 15.0),)),
-                    requests=8, warmup_requests=2, paths=("/?page={n}",))
+                    requests=6, warmup_requests=2, paths=("/?page={n}",))
     assert set(truth.resources) == {"blob", "redis"} and truth.errors == 0
     assert min(truth.client_ms["GET /"]) >= 15.0  # the cache lookup pays one round trip at least
     assert BLOB_NAME == "blob"

@@ -186,3 +186,12 @@ def test_local_pid_for_url() -> None:
         assert local_pid_for_url(f"http://127.0.0.1:{port}/x") == os.getpid()
         assert local_pid_for_url(f"http://localhost:{port}/") == os.getpid()
     assert local_pid_for_url("http://example.com:80/") is None
+
+
+def test_doctests() -> None:
+    import doctest
+
+    import replayer.loadtest
+
+    result = doctest.testmod(replayer.loadtest)
+    assert result.attempted > 0 and result.failed == 0

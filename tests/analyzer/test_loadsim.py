@@ -1,0 +1,159 @@
+"""The load simulation's CPU model, on cases with answers by hand.
+
+A closed loop of N users with no think time over one FIFO CPU server of demand D per request and a delay Z
+(the overlappable rest) has, with deterministic times, latency ``max(D + Z, N D)``: once ``N D`` exceeds
+``D + Z`` the server is never idle and each request waits for the N - 1 others' demand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from spanfactory import Trace, write
+
+from analyzer.build import build_graphs
+from analyzer.graph import CausalGraph, Node, NodeKind, dump_graphs, load_graphs
+from analyzer.loadsim import BACKGROUND_KEY, background_demand, with_background
+from analyzer.predict import predict
+from analyzer.spans import read_spans
+
+
+def rng() -> np.random.Generator:
+    return np.random.default_rng(7)
+
+
+def chain(route: str, *nodes: Node, count: int = 20) -> CausalGraph:
+    ids = ["start", *(n.id for n in nodes), "end"]
+    everything = [Node("start", NodeKind.START, (0.0,) * count), *nodes, Node("end", NodeKind.END, (0.0,) * count)]
+    return CausalGraph(route, everything, list(zip(ids, ids[1:], strict=False)), latency_ms=[1.0] * count)
+
+
+def compute(node_id: str, ms: float, count: int = 20) -> Node:
+    return Node(node_id, NodeKind.COMPUTE, (ms,) * count, cpu_ms=(ms,) * count)
+
+
+def io(node_id: str, ms: float, cpu: float = 0.0, before: float | None = None, count: int = 20) -> Node:
+    extra = {"cpu_before_ms": [before] * count} if before is not None else {}
+    return Node(node_id, NodeKind.IO, (ms,) * count, api="redis GET", resource="redis://h:1/0", system="redis",
+                cpu_ms=(cpu,) * count if cpu else (), round_trips=(1,) * count, extra=extra)
+
+
+def mean_latency(graphs: list[CausalGraph], spec: str) -> float:
+    (p,) = predict(graphs, spec, samples=600, rng=rng())
+    return p.predicted.mean
+
+
+class TestCpuModel:
+    def test_pure_compute_queues(self) -> None:
+        g = chain("GET /", compute("c", 2.0))
+        assert mean_latency([g], "load:1") == pytest.approx(2.0)
+        assert mean_latency([g], "load:8") == pytest.approx(16.0, rel=0.01)
+
+    def test_pure_io_without_cpu_overlaps(self) -> None:
+        g = chain("GET /", io("a", 10.0))
+        assert mean_latency([g], "load:16") == pytest.approx(10.0)
+
+    def test_mixed_compute_and_io(self) -> None:
+        g = chain("GET /", compute("c", 1.0), io("a", 5.0))
+        assert mean_latency([g], "load:3") == pytest.approx(6.0, rel=0.01)  # 3 x 1 < 6: no wait in steady state
+        assert mean_latency([g], "load:12") == pytest.approx(12.0, rel=0.01)  # 12 x 1 > 6: the loop saturates
+
+    def test_io_cpu_holds_the_loop(self) -> None:
+        # a 10 ms call of which 2 ms are the client library's CPU on the loop: D = 2, Z = 8
+        g = chain("GET /", io("a", 10.0, cpu=2.0, before=0.5))
+        assert mean_latency([g], "load:1") == pytest.approx(10.0)  # unloaded: as recorded
+        assert mean_latency([g], "load:10") == pytest.approx(20.0, rel=0.01)
+        assert mean_latency([chain("GET /", io("a", 10.0))], "load:10") == pytest.approx(10.0)
+
+    def test_io_cpu_split_defaults_to_halves(self) -> None:
+        g = chain("GET /", io("a", 10.0, cpu=2.0))
+        assert mean_latency([g], "load:1") == pytest.approx(10.0)
+        assert mean_latency([g], "load:10") == pytest.approx(20.0, rel=0.01)
+
+    def test_io_cpu_never_exceeds_the_call(self) -> None:
+        g = chain("GET /", io("a", 1.0, cpu=3.0))  # inconsistent record: the CPU is capped at the call's time
+        assert mean_latency([g], "load:1") == pytest.approx(1.0)
+        assert mean_latency([g], "load:4") == pytest.approx(4.0, rel=0.01)
+
+    def test_background_cpu_contends_but_is_off_the_path(self) -> None:
+        # 2 ms of unrecorded CPU per request, on one 10 ms call: unloaded latency unchanged, saturated N x 2
+        graphs = with_background([chain("GET /", io("a", 10.0))], 2.0)
+        assert mean_latency(graphs, "load:1") == pytest.approx(10.0)
+        assert mean_latency(graphs, "load:10") == pytest.approx(20.0, rel=0.01)
+        (p,) = predict(graphs, "load:10", samples=100, rng=rng())
+        assert any("background CPU 2 ms per request" in n for n in p.notes)
+
+    def test_background_adds_to_recorded_compute(self) -> None:
+        # D = 1 (compute) + 1 (background) with Z = 5: saturated at 12 users, 24 ms
+        graphs = with_background([chain("GET /", compute("c", 1.0), io("a", 5.0))], 1.0)
+        assert mean_latency(graphs, "load:12") == pytest.approx(24.0, rel=0.01)
+
+    def test_background_without_io_follows_the_request(self) -> None:
+        graphs = with_background([chain("GET /", compute("c", 1.0))], 1.0)
+        # held when the request ends: the same user's next request finds the loop busy
+        assert mean_latency(graphs, "load:1") == pytest.approx(2.0, rel=0.01)
+        assert mean_latency(graphs, "load:6") == pytest.approx(12.0, rel=0.01)
+
+    def test_background_spread_over_calls_of_each_route(self) -> None:
+        # one route with 3 calls, one with 1, equal shares: 2 calls per request on average, 1 ms per call
+        three = chain("GET /a", io("x", 10.0), io("y", 10.0), io("z", 10.0))
+        one = chain("GET /b", io("x", 10.0))
+        graphs = with_background([three, one], 2.0)
+        (a, b) = predict(graphs, "load:40", samples=2000, rng=rng())
+        # saturated: throughput 1 / 2 ms; /a holds 3 of every 4 ms of demand
+        assert a.predicted.mean > b.predicted.mean
+        assert 40 / (0.5 * a.predicted.mean + 0.5 * b.predicted.mean) == pytest.approx(0.5, rel=0.03)
+
+
+    def test_calibrated_cpu_replaces_wall_time(self) -> None:
+        # compute of 4 ms wall, 2 ms CPU (the rest was contention at collection); the process without the
+        # collector used 1.5 ms per request in all: scale 0.75, so the loop holds 1.5 ms per request
+        c = Node("c", NodeKind.COMPUTE, (4.0,) * 20, cpu_ms=(2.0,) * 20)
+        g = chain("GET /", c, io("a", 6.0))
+        demand = background_demand([g], [g], process_cpu_ms=1.5)
+        assert demand.cpu_scale == pytest.approx(0.75) and demand.background_ms == 0.0
+        graphs = with_background([g], demand)
+        assert mean_latency(graphs, "load:1") == pytest.approx(7.5)
+        assert mean_latency(graphs, "load:10") == pytest.approx(15.0, rel=0.01)
+        assert mean_latency([g], "load:10") == pytest.approx(40.0, rel=0.01)  # uncalibrated: wall time
+
+
+class TestBackgroundDemand:
+    def test_split_of_process_cpu(self) -> None:
+        g = chain("GET /", compute("c", 1.0, count=4), io("a", 5.0, cpu=0.5, count=4), count=4)
+        svc = chain("GET /blob", compute("s", 0.25, count=8), count=8)  # an in-process service, 2 calls each
+        d = background_demand([g, svc], [g], process_cpu_ms=3.0)
+        assert d.traced_ms == pytest.approx(1.0 + 0.5 + 2 * 0.25)
+        assert d.background_ms == pytest.approx(1.0)
+        assert background_demand([g], [g], 1.0).background_ms == 0.0  # never negative
+
+    def test_kept_through_json(self, tmp_path: Path) -> None:
+        graphs = with_background([chain("GET /", io("a", 1.0))], 1.5)
+        dump_graphs(graphs, tmp_path / "g.json")
+        (back,) = load_graphs(tmp_path / "g.json")
+        assert back.meta[BACKGROUND_KEY] == 1.5
+
+    def test_rejects_bad_input(self) -> None:
+        with pytest.raises(ValueError, match="background_ms"):
+            with_background([chain("GET /", io("a", 1.0))], -1.0)
+        with pytest.raises(ValueError, match="no request"):
+            background_demand([], [], 1.0)
+
+
+def test_io_nodes_carry_their_loop_cpu(tmp_path: Path) -> None:
+    # the call spans 0.4..2.1 ms; the task's steps inside it: 0.6 ms of step 0, 0.1 ms of step 1, CPU = wall / 2
+    t = Trace("GET /cpu")
+    t.request(0, 3, 1)
+    t.task(1, [(0, 1.0, "io"), (2.0, 0.9, "done")], cpu=0.5)
+    t.io(1, 0, 0.4, 2.1)
+    got = read_spans(write(tmp_path / "spans.jsonl", t))
+    [g] = build_graphs(got)
+    call = g.node("root/io0")
+    assert call.cpu_ms == pytest.approx((0.35,))
+    assert call.extra["cpu_before_ms"] == pytest.approx([0.3])
+    assert g.node("root/c0").cpu_ms == pytest.approx((0.2,))  # compute unchanged
+    dump_graphs([g], tmp_path / "g.json")
+    (back,) = load_graphs(tmp_path / "g.json")
+    assert back.node("root/io0").cpu_ms == pytest.approx((0.35,))
