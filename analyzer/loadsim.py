@@ -23,10 +23,26 @@ on which the compute segments of *all* concurrent requests run one at a time. So
   level a call meets is scaled by R / (R - 1): WebPerf's "its load effectively doubles" for R = 2);
 - a compute node's recorded wait before its task first ran (``ready_ms``) was queueing for the loop: it is
   left out of the node's service time, since the simulation queues the node again under the new load;
-- HTTP calls to a route the graphs also hold become sub-requests (:class:`_Nesting`).
+- HTTP calls to a route the graphs also hold become sub-requests (:class:`_Nesting`);
+- an io call's CPU on the loop (the io node's ``cpu_ms``: the client library's serialising and parsing, of which
+  ``cpu_before_ms`` came before the first wait) is queued on the loop before and after the call's wait; only
+  the rest of the call overlaps;
+- CPU the process spends outside every request's recorded CPU (other threads under the GIL, the kernel's
+  share), the graphs' ``meta.background_cpu_ms`` per user request, is queued on the same server as background
+  work spread over the io calls, off the requests' own paths (:func:`background_demand`);
+- recorded durations can be calibrated to the app without the collector (``meta.cpu_scale`` for CPU,
+  ``meta.wait_scale`` for the rest: :func:`with_background`).
 
 The first ``2 N`` completions are discarded (the start-up transient of users that all start at t = 0).
-Checks with answers by hand are in the tests: N users of pure compute ``d`` see ``N d``; pure io is unchanged.
+Checks with answers by hand are in the tests: N users of pure compute ``d`` see ``N d``; pure io is unchanged;
+a call of ``d`` ms with ``c`` ms of loop CPU saturates at ``N c`` (``tests/analyzer/test_loadsim.py``).
+
+References
+----------
+.. [1] J. Jiang, R. Ravindranath Sivalingam, S. Nath, R. Govindan, "WebPerf: Evaluating What-If Scenarios for
+   Cloud-hosted Web Applications", SIGCOMM 2016. doi:10.1145/2934872.2934882
+.. [2] D. Beazley, "Understanding the Python GIL", PyCon 2010: one thread runs Python code at a time; threads
+   release the GIL in blocking system calls (so the process's system time runs beside it).
 """
 
 from __future__ import annotations
@@ -49,8 +65,8 @@ from analyzer.scenario import Failure, Load, Scenario, Tier, matches
 if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
-__all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "BackgroundDemand", "Workload", "background_demand", "simulate", "simulate_scenario",
-           "with_background"]
+__all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "WAIT_SCALE_KEY", "BackgroundDemand", "Workload", "background_demand",
+           "simulate", "simulate_scenario", "wait_scale", "with_background"]
 
 FloatArray = npt.NDArray[np.float64]
 Adjust = Callable[[int, int, int, int], float]
@@ -356,6 +372,8 @@ def simulate_scenario(
         durations = model.sample_matrix()
         raw_scale = graph.meta.get(CPU_SCALE_KEY)
         scale = float(raw_scale) if isinstance(raw_scale, (int, float)) and raw_scale > 0 else None
+        raw_wait = graph.meta.get(WAIT_SCALE_KEY)
+        wait_scale = float(raw_wait) if isinstance(raw_wait, (int, float)) and raw_wait > 0 else None
         on_loop, pool, group, nested, server = [], [], [], [], []
         cpu_before, cpu_after = np.zeros_like(durations), np.zeros_like(durations)
         for j, node_id in enumerate(model.plan.ids):
@@ -391,6 +409,12 @@ def simulate_scenario(
                 shrink = np.where(total > durations[j], durations[j] / np.maximum(total, 1e-12), 1.0)
                 cpu_before[j] *= shrink
                 cpu_after[j] *= shrink
+            if wait_scale is not None and node.kind is not NodeKind.COMPUTE and not (
+                    node.kind is NodeKind.TIMER and node.timeout_ms is not None):
+                # calibrated: what is not the loop's CPU (an io call's wait, a wake-up) is scaled to the latency
+                # the app has without the collector (a timeout keeps its length)
+                held = cpu_before[j] + cpu_after[j] if node.kind is NodeKind.IO else 0.0
+                durations[j] = held + np.maximum(durations[j] - held, 0.0) * wait_scale
             nested.append(target)
             server.append(srv)
             if node.kind is not NodeKind.IO:
@@ -416,6 +440,10 @@ def simulate_scenario(
     workloads = [Workload(plan, durations, loop, pool, group, weights[gi], nested, server, before, after,
                           background[gi])
                  for gi, (plan, durations, loop, pool, group, nested, server, before, after) in enumerate(parts)]
+    waits = sorted({round(float(g.meta[WAIT_SCALE_KEY]), 3) for g in graphs if WAIT_SCALE_KEY in g.meta})
+    if waits:
+        notes.append(f"calibrated waits: io waits, wake-ups and start/end x {', '.join(map(str, waits))} (latency "
+                     "without / with the collector at the same light load)")
     if calibrated_nodes:
         factors = sorted({round(float(g.meta[CPU_SCALE_KEY]), 3) for g in graphs if CPU_SCALE_KEY in g.meta})
         notes.append(f"calibrated CPU: {calibrated_nodes} compute nodes hold the loop for their CPU time x "
@@ -460,6 +488,10 @@ def _io_cpu(node: Node, idx: npt.NDArray[np.intp]) -> tuple[FloatArray, FloatArr
 
 BACKGROUND_KEY = "background_cpu_ms"
 """Graph ``meta`` key: CPU (ms) per user request that the process spends outside the requests' recorded CPU."""
+
+WAIT_SCALE_KEY = "wait_scale"
+"""Graph ``meta`` key: the factor that turns recorded waits (io calls beyond their CPU, wake-ups, start/end)
+into those of the app without the collector: measured latency without / with it at the same light load."""
 
 CPU_SCALE_KEY = "cpu_scale"
 """Graph ``meta`` key: the factor that turns recorded on-loop CPU into the CPU of the app without the collector
@@ -521,15 +553,20 @@ def background_demand(
 
 
 def with_background(
-    graphs: Sequence[CausalGraph], background_ms: float | BackgroundDemand
+    graphs: Sequence[CausalGraph], background_ms: float | BackgroundDemand, *, wait_scale: float | None = None
 ) -> list[CausalGraph]:
     """Copies of ``graphs`` whose ``meta`` carries the background CPU per user request (``BACKGROUND_KEY``).
 
     Given a :class:`BackgroundDemand`, also its ``cpu_scale`` (``CPU_SCALE_KEY``): compute nodes then hold the
-    loop for their CPU time scaled by it. The load simulation reads both (:func:`simulate_scenario`);
-    ``dump_graphs`` keeps them.
+    loop for their CPU time scaled by it. ``wait_scale`` (``WAIT_SCALE_KEY``, from :func:`wait_scale`) scales
+    what is not the loop's CPU. The load simulation reads them (:func:`simulate_scenario`); ``dump_graphs``
+    keeps them.
     """
     extra: dict[str, float] = {}
+    if wait_scale is not None:
+        if not wait_scale > 0:
+            raise ValueError(f"wait_scale must be positive, got {wait_scale}")
+        extra[WAIT_SCALE_KEY] = wait_scale
     if isinstance(background_ms, BackgroundDemand):
         extra[CPU_SCALE_KEY] = background_ms.cpu_scale
         background_ms = background_ms.background_ms
@@ -538,6 +575,23 @@ def with_background(
     extra[BACKGROUND_KEY] = background_ms
     return [CausalGraph(g.route, g.nodes, list(g.dag.edges), variant=g.variant, latency_ms=g.latency_ms,
                         trace_ids=g.trace_ids, meta={**g.meta, **extra}) for g in graphs]
+
+
+def wait_scale(without_ms: Sequence[float], with_ms: Sequence[float]) -> float:
+    """How much faster the app answers without the collector: ratio of mean latencies at the same light load.
+
+    The collector's cost is not only in the loop's steps (which :attr:`BackgroundDemand.cpu_scale` takes out)
+    but in every thread it traces (an in-process service's loop), in its export thread, and so in every wait
+    of the recorded calls. Two runs of the same light load (1-2 users, the same paths), with and without the
+    collector, measure it as a whole; the load simulation scales the recorded waits by it.
+
+    >>> wait_scale([5.0, 7.0], [10.0, 14.0])
+    0.5
+    """
+    a, b = np.asarray(without_ms, dtype=np.float64), np.asarray(with_ms, dtype=np.float64)
+    if not a.size or not b.size or b.mean() <= 0:
+        raise ValueError("wait_scale needs latencies of both runs (a positive mean with the collector)")
+    return float(a.mean() / b.mean())
 
 
 def _background(

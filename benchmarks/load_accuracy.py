@@ -7,18 +7,21 @@ threads, the kernel's share of the process) runs out first under load.
 
 Steps:
 
-1. baseline under the collector: ``--base-users`` closed-loop users (light load) for ``--base-seconds``;
+1. baseline under the collector: ``--base-users`` closed-loop users (light load, default 2) for
+   ``--base-seconds``;
    graphs of the requests of the measured window;
-2. the same light load on the app *without* the collector, its process CPU measured with psutil: the CPU per
-   user request minus the CPU the spans attribute to requests is the background demand
-   (:func:`analyzer.loadsim.background_demand`), the collector's own CPU left out by construction;
+2. the same light load on the app *without* the collector, its process CPU measured with psutil: its user-mode
+   CPU per user request (the GIL's demand) against the CPU the spans attribute to requests gives the
+   background demand or the factor that takes the collector's cost out of the recorded CPU
+   (:func:`analyzer.loadsim.background_demand`), and the two runs' latencies the factor for the recorded waits
+   (:func:`analyzer.loadsim.wait_scale`);
 3. per N: ``predict(load:N)``, then ground truth: the app without the collector under N closed-loop users of
    the example's load client (``examples.forum.load.run_load``, in its own process), client-side latencies.
 
 Printed per N: predicted vs measured p50 / p90 / mean and throughput, the CDF deviations (median, KS D) and
 the CPU the load client took (in cores). Raw results: ``benchmarks/results/load_accuracy.json``. Run::
 
-    python benchmarks/load_accuracy.py [--users 4,8,16] [--seconds 8] [--base-seconds 12]
+    python benchmarks/load_accuracy.py [--users 4,8,16] [--seconds 8] [--base-seconds 12] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -40,12 +43,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
+import psutil  # type: ignore[import-untyped]
 
 from analyzer.accuracy import cdf_deviation
 from analyzer.build import build_graphs
-from analyzer.graph import CausalGraph
-from analyzer.loadsim import background_demand, with_background
+from analyzer.loadsim import background_demand, wait_scale, with_background
 from analyzer.predict import predict, select_routes
 from analyzer.spans import read_spans
 from examples.forum.load import LoadResult, run_load_subprocess
@@ -107,9 +109,9 @@ def _listening(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> str:
     raise RuntimeError(f"the app did not start: {buffer.decode(errors='replace')}")
 
 
-def _cpu_s(p: psutil.Process) -> float:
+def _cpu_s(p: psutil.Process) -> tuple[float, float]:
     t = p.cpu_times()
-    return t.user + t.system
+    return t.user, t.system
 
 
 def _children_cpu_s() -> float:
@@ -117,14 +119,16 @@ def _children_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _load(url: str, users: int, seconds: float, app: psutil.Process, seed: int) -> tuple[LoadResult, float, float]:
-    """(result, app CPU s per measured request, load client CPU in cores) of one closed-loop run."""
+def _load(url: str, users: int, seconds: float, app: psutil.Process,
+          seed: int) -> tuple[LoadResult, tuple[float, float], float]:
+    """(result, the app's (user, system) CPU s per measured request, load client CPU in cores) of one run."""
     run_load_subprocess(url, users=users, requests=max(20, 4 * users), paths=PATHS, seed=seed)  # warm-up
     cpu0, kids0, t0 = _cpu_s(app), _children_cpu_s(), time.monotonic()
     result = run_load_subprocess(url, users=users, duration_s=seconds, paths=PATHS, seed=seed + 1)
     cpu1, kids1, t1 = _cpu_s(app), _children_cpu_s(), time.monotonic()
     n = max(len(result.latencies_ms), 1)
-    return result, (cpu1 - cpu0) / n, (kids1 - kids0) / (t1 - t0)
+    per = ((cpu1[0] - cpu0[0]) / n, (cpu1[1] - cpu0[1]) / n)
+    return result, per, (kids1 - kids0) / (t1 - t0)
 
 
 def _summary(x: np.ndarray) -> dict[str, float]:
@@ -135,37 +139,62 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--users", default="4,8,16")
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per ground-truth run")
-    ap.add_argument("--base-users", type=int, default=1)
+    ap.add_argument("--base-users", type=int, default=2)
     ap.add_argument("--base-seconds", type=float, default=12.0)
     ap.add_argument("--samples", type=int, default=3000)
+    ap.add_argument("--base-repeats", type=int, default=2, help="light-load runs with and without the collector")
+    ap.add_argument("--repeats", type=int, default=3, help="ground-truth runs per N (fresh app each)")
     ap.add_argument("--keep", type=Path, help="keep the spans and graphs in this directory")
     ns = ap.parse_args(argv)
     levels = [int(x) for x in ns.users.split(",")]
     work = Path(ns.keep or tempfile.mkdtemp(prefix="perfcast-load-"))
     work.mkdir(parents=True, exist_ok=True)
-    spans = work / "baseline.jsonl"
 
-    # 1. baseline spans at light load
-    with _app(spans, work / "app-collected.log") as (url, proc):
-        begin = time.time_ns()
-        base, _, base_client = _load(url, ns.base_users, ns.base_seconds, proc, seed=10)
-        end = time.time_ns()
-    reqs = [r for r in read_spans(spans).requests if begin <= r.start_ns and r.end_ns <= end]
+    # 1. and 2., alternated --base-repeats times (the machine is shared): baseline spans at light load under the
+    # collector, and the same light load without it (process CPU, latencies)
+    reqs: list[Any] = []
+    base_ms: list[float] = []
+    light_ms: list[float] = []
+    user_s = sys_s = 0.0
+    base_client = 0.0
+    for rep in range(ns.base_repeats):
+        spans = work / f"baseline-{rep}.jsonl"
+        with _app(spans, work / f"app-collected-{rep}.log") as (url, proc):
+            begin = time.time_ns()
+            base, _, base_client = _load(url, ns.base_users, ns.base_seconds, proc, seed=10 + rep)
+            end = time.time_ns()
+        reqs += [r for r in read_spans(spans).requests if begin <= r.start_ns and r.end_ns <= end]
+        base_ms += base.latencies_ms
+        with _app(None, work / f"app-light-{rep}.log") as (url, proc):
+            light, (u, sy), _ = _load(url, ns.base_users, ns.base_seconds, proc, seed=10 + rep)
+        light_ms += light.latencies_ms
+        user_s += u * len(light.latencies_ms)
+        sys_s += sy * len(light.latencies_ms)
+        print(f"light load {rep + 1}/{ns.base_repeats}: collected {base.throughput_rps:.1f} req/s, p50 "
+              f"{base.percentile_ms(50):.2f} ms; without the collector {light.throughput_rps:.1f} req/s, p50 "
+              f"{light.percentile_ms(50):.2f} ms, {u * 1e3:.2f} ms user + {sy * 1e3:.2f} ms system CPU per request",
+              flush=True)
+    user_s /= len(light_ms)
+    sys_s /= len(light_ms)
     graphs = build_graphs(reqs)
-    print(f"baseline: {len(reqs)} requests (all routes) -> {len(graphs)} graph variants; "
-          f"{base.throughput_rps:.1f} req/s, p50 {base.percentile_ms(50):.2f} ms (client side, collected)")
-
-    # 2. background CPU: the app without the collector at the same light load
-    with _app(None, work / "app-light.log") as (url, proc):
-        light, cpu_per_req, _ = _load(url, ns.base_users, ns.base_seconds, proc, seed=10)
+    print(f"baseline: {len(reqs)} requests (all routes) -> {len(graphs)} graph variants")
     user_graphs = select_routes(graphs, ROUTES)
-    demand = background_demand(graphs, user_graphs, cpu_per_req * 1e3)
-    print(f"light load without the collector: {light.throughput_rps:.1f} req/s, p50 "
-          f"{light.percentile_ms(50):.2f} ms; process CPU {cpu_per_req * 1e3:.2f} ms per request; traced "
-          f"{demand.traced_ms:.2f} ms -> background {demand.background_ms:.2f} ms, CPU scale {demand.cpu_scale:.3f}")
+    # The GIL is the one server: it is held for the process's user-mode CPU; system time (the kernel moving
+    # loopback bytes, in syscalls made with the GIL released) runs beside it on the other core.
+    demand = background_demand(graphs, user_graphs, user_s * 1e3)
+    scale = wait_scale(light_ms, base_ms)
+    print(f"process CPU {user_s * 1e3:.2f} ms user + {sys_s * 1e3:.2f} ms system per request; traced {demand.traced_ms:.2f} ms -> background {demand.background_ms:.2f} ms, CPU scale "
+          f"{demand.cpu_scale:.3f}, wait scale {scale:.3f}")
     # every route: the in-process services' requests are simulated as sub-requests on the same CPU (GIL)
-    model = with_background(graphs, demand)
+    model = with_background(graphs, demand, wait_scale=scale)
 
+    # the light load itself: only its mean latency was used (wait_scale), so the shape is still a check
+    (light_pred,) = [np.concatenate([p.predicted.samples_ms for p in predict(
+        model, f"load:{ns.base_users}", samples=ns.samples, rng=np.random.default_rng(1)) if p.route in ROUTES])]
+    light_dev = cdf_deviation(light_pred, light_ms)
+    print(f"load:{ns.base_users} (the light runs) measured p50 {np.median(light_ms):.2f} mean "
+          f"{np.mean(light_ms):.2f} ms | predicted p50 {np.median(light_pred):.2f} mean "
+          f"{light_pred.mean():.2f} ms | median dev {light_dev.median:.3f} KS D {light_dev.max:.3f}")
     rows: list[dict[str, Any]] = []
     for users in levels:
         t_pred = time.perf_counter()
@@ -174,33 +203,48 @@ def main(argv: Sequence[str] | None = None) -> None:
         plain = [p for p in predict(graphs, f"load:{users}", samples=ns.samples, rng=np.random.default_rng(users))
                  if p.route in ROUTES]
         t_pred = time.perf_counter() - t_pred
-        with _app(None, work / f"app-{users}.log") as (url, proc):
-            truth, app_cpu, client_cores = _load(url, users, ns.seconds, proc, seed=100 + users)
-        measured = np.asarray(truth.latencies_ms)
         predicted = np.concatenate([p.predicted.samples_ms for p in preds])
         without = np.concatenate([p.predicted.samples_ms for p in plain])
-        # closed loop, think 0: throughput = users / mean latency (Little's law), for the prediction too
-        dev, dev0 = cdf_deviation(predicted, measured), cdf_deviation(without, measured)
-        row = {
-            "users": users, "measured": _summary(measured), "predicted": _summary(predicted),
-            "predicted_without_background": _summary(without),
-            "throughput_measured_rps": truth.throughput_rps,
-            "throughput_predicted_rps": users / float(predicted.mean()) * 1e3,
-            "median_deviation": dev.median, "ks_d": dev.max,
-            "median_deviation_without_background": dev0.median, "ks_d_without_background": dev0.max,
-            "app_cpu_ms_per_request": app_cpu * 1e3, "client_cores": client_cores,
-            "requests": int(measured.size), "errors": truth.errors, "predict_s": t_pred,
-        }
-        rows.append(row)
-        m, p = row["measured"], row["predicted"]
-        print(f"load:{users:<3} measured p50 {m['p50']:7.2f} p90 {m['p90']:7.2f} mean {m['mean']:7.2f} ms "
-              f"{truth.throughput_rps:6.1f} req/s | predicted p50 {p['p50']:7.2f} p90 {p['p90']:7.2f} mean "
-              f"{p['mean']:7.2f} ms {row['throughput_predicted_rps']:6.1f} req/s | median dev "
-              f"{dev.median:.3f} KS D {dev.max:.3f} (uncalibrated: {dev0.median:.3f} / {dev0.max:.3f}) | "
-              f"client {client_cores:.2f} cores, app {app_cpu * 1e3:.2f} ms CPU/req")
+        for rep in range(ns.repeats):  # the machine is shared: repeat the ground truth, quote medians
+            with _app(None, work / f"app-{users}-{rep}.log") as (url, proc):
+                truth, (app_user, app_sys), client_cores = _load(url, users, ns.seconds, proc,
+                                                                 seed=100 * rep + users)
+            measured = np.asarray(truth.latencies_ms)
+            dev, dev0 = cdf_deviation(predicted, measured), cdf_deviation(without, measured)
+            row: dict[str, Any] = {
+                "users": users, "repeat": rep, "measured": _summary(measured), "predicted": _summary(predicted),
+                "predicted_uncalibrated": _summary(without),
+                "throughput_measured_rps": truth.throughput_rps,
+                # closed loop, think 0: throughput = users / mean latency (Little's law)
+                "throughput_predicted_rps": users / float(predicted.mean()) * 1e3,
+                "median_deviation": dev.median, "ks_d": dev.max,
+                "median_deviation_uncalibrated": dev0.median, "ks_d_uncalibrated": dev0.max,
+                "app_user_cpu_ms_per_request": app_user * 1e3, "app_system_cpu_ms_per_request": app_sys * 1e3,
+                "client_cores": client_cores,
+                "requests": int(measured.size), "errors": truth.errors, "predict_s": t_pred,
+            }
+            rows.append(row)
+            m, p = row["measured"], row["predicted"]
+            print(f"load:{users:<3} measured p50 {m['p50']:7.2f} p90 {m['p90']:7.2f} mean {m['mean']:7.2f} ms "
+                  f"{truth.throughput_rps:6.1f} req/s | predicted p50 {p['p50']:7.2f} p90 {p['p90']:7.2f} mean "
+                  f"{p['mean']:7.2f} ms {row['throughput_predicted_rps']:6.1f} req/s | median dev "
+                  f"{dev.median:.3f} KS D {dev.max:.3f} (uncalibrated: {dev0.median:.3f} / {dev0.max:.3f}) | "
+                  f"client {client_cores:.2f} cores, app {app_user * 1e3:.2f} + {app_sys * 1e3:.2f} ms CPU/req",
+                  flush=True)
+        mine = [r for r in rows if r["users"] == users]
+        med = {k: float(np.median([r[k] for r in mine])) for k in (
+            "median_deviation", "ks_d", "median_deviation_uncalibrated", "ks_d_uncalibrated",
+            "throughput_measured_rps", "client_cores")}
+        print(f"load:{users:<3} median of {len(mine)}: median dev {med['median_deviation']:.3f} KS D "
+              f"{med['ks_d']:.3f} (uncalibrated {med['median_deviation_uncalibrated']:.3f} / "
+              f"{med['ks_d_uncalibrated']:.3f}); measured {med['throughput_measured_rps']:.1f} req/s, "
+              f"client {med['client_cores']:.2f} cores", flush=True)
     RESULTS.mkdir(exist_ok=True)
-    out = {"baseline_requests": len(reqs), "background": demand.to_json(),
-           "light_load_cpu_ms_per_request": cpu_per_req * 1e3, "base_client_cores": base_client,
+    out = {"baseline_requests": len(reqs), "base_users": ns.base_users,
+           "light": {"median_deviation": light_dev.median, "ks_d": light_dev.max},
+           "background": demand.to_json(), "wait_scale": scale,
+           "light_load_cpu_ms_per_request": {"user": user_s * 1e3, "system": sys_s * 1e3},
+           "base_client_cores": base_client,
            "load_average": os.getloadavg(), "rows": rows}
     (RESULTS / "load_accuracy.json").write_text(json.dumps(out, indent=1))
     print(f"results: {RESULTS / 'load_accuracy.json'}")

@@ -52,7 +52,8 @@ from replayer.groundtruth import (
 )
 
 RESULTS = Path(__file__).with_name("results")
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = "redis://127.0.0.1:6379/13"
+"""Database 13: the page-cache keys of other forum apps on the same server (database 0) stay out of ours."""
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 ROUTES = ("GET /", "GET /post/{id}")
 
@@ -76,12 +77,12 @@ def _reachable(port: int) -> bool:
 
 
 def _cases(setup: ForumSetup, users: int, big: int) -> list[Case]:
-    """The scenarios; ``{redis}`` / ``{postgres}`` in a spec stand for the proxy's host:port in the baseline."""
+    """The scenarios: the spec the engine predicts, and the same scenario applied for real."""
     cases = [Case("location-blob", f"location:{BLOB_NAME}=+20ms", Applied(added_ms=(("blob", 20.0),)))]
     if setup.redis_url:
-        cases.append(Case("location-redis", "location:{redis}=+10ms", Applied(added_ms=(("redis", 10.0),))))
+        cases.append(Case("location-redis", "location:redis=+10ms", Applied(added_ms=(("redis", 10.0),))))
     if setup.postgres_url:
-        cases.append(Case("location-postgres", "location:{postgres}=+10ms",
+        cases.append(Case("location-postgres", "location:postgresql=+10ms",
                           Applied(added_ms=(("postgres", 10.0),))))
     if setup.redis_url:  # without Redis the blob service is the cache too, and /kv calls have no size profile
         cases.append(Case("size", f"size:{BLOB_NAME}={big}", Applied(payload_bytes=big)))
@@ -95,15 +96,18 @@ def _cases(setup: ForumSetup, users: int, big: int) -> list[Case]:
     return cases
 
 
-def _baseline(setup: ForumSetup, requests: int, spans: Path, status: Any) -> tuple[GroundTruth, list[Any]]:
-    """One user under the collector; the graphs of the measured window's requests."""
-    base = measure(setup, requests=requests, spans=spans, on_step=status)
-    reqs = [r for r in read_spans(base.spans[0]).requests
-            if base.window_ns[0] <= r.start_ns and r.end_ns <= base.window_ns[1]]
-    graphs = [g for g in build_graphs(reqs) if g.route in ROUTES]
-    dump_graphs(graphs, spans.with_suffix(".graphs.json"), source=str(spans))
-    status(f"baseline: {len(reqs)} requests -> {len(graphs)} graph variants")
-    return base, graphs
+def _window_requests(truth: GroundTruth) -> list[Any]:
+    """The requests of a collected run's measured window (warm-up left out)."""
+    return [r for path in truth.spans for r in read_spans(path).requests
+            if truth.window_ns[0] <= r.start_ns and r.end_ns <= truth.window_ns[1]]
+
+
+def _pooled(runs: list[GroundTruth]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for run in runs:
+        for route in run.routes:
+            out.setdefault(route, []).extend(run.latencies(route))
+    return out
 
 
 def _profile_sizes(setup: ForumSetup, store: ProfileStore, sizes: list[int], budget_s: float) -> None:
@@ -119,8 +123,8 @@ def _profile_sizes(setup: ForumSetup, store: ProfileStore, sizes: list[int], bud
                                        note="whatif_accuracy: blob sizes"))
 
 
-def _row(case: Case, route: str, pred: Any, truth: GroundTruth) -> dict[str, Any]:
-    measured = np.asarray(truth.latencies(route), dtype=np.float64)
+def _row(case: Case, route: str, pred: Any, latencies: list[float]) -> dict[str, Any]:
+    measured = np.asarray(latencies, dtype=np.float64)
     dev = cdf_deviation(pred.predicted.samples_ms, measured)
     return {
         "scenario": case.name, "spec": case.spec, "route": route, "requests": int(measured.size),
@@ -148,11 +152,24 @@ def _compute_per_request(graphs: list[Any]) -> float:
     return total / max(count, 1.0)
 
 
+def _write(out: Path, config: str, ns: argparse.Namespace, rows: list[dict[str, Any]], elapsed: float) -> None:
+    """The raw results so far (rewritten after every scenario, so that a crash keeps what was measured)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "format": "perfcast-whatif-accuracy/1", "configuration": config, "requests_per_run": ns.requests,
+        "samples": ns.samples, "rounds": ns.rounds, "cache_ttl_ms": ns.cache_ttl_ms, "elapsed_s": elapsed,
+        "python": sys.version.split()[0], "rows": rows,
+    }, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=300, help="measured requests per run (default 300)")
     p.add_argument("--users", type=int, default=16, help="users of the load scenario (default 16)")
     p.add_argument("--size", type=int, default=262144, help="payload bytes of the size scenario (default 256 KiB)")
+    p.add_argument("--rounds", type=int, default=3, help="alternations of baseline and scenario runs (default 3)")
+    p.add_argument("--cache-ttl-ms", type=int, default=0,
+                   help="the app's page cache lifetime (default 0: every index page a miss, see the docs)")
     p.add_argument("--samples", type=int, default=10_000, help="Monte Carlo samples per route")
     p.add_argument("--embedded", action="store_true", help="no Redis/PostgreSQL even when reachable")
     p.add_argument("--only", default="", help="comma-separated scenario names to run")
@@ -164,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     began = time.monotonic()
     use_real = not ns.embedded and _reachable(6379) and _reachable(5432)
-    setup = ForumSetup(redis_url=REDIS_URL if use_real else None, postgres_url=POSTGRES_URL if use_real else None)
+    # The cache's hit ratio at TTL > 0 depends on the request rate, which every scenario changes: a feedback
+    # neither WebPerf nor perfcast models, so by default the TTL is 0 and every index page is built.
+    setup = ForumSetup(redis_url=REDIS_URL if use_real else None, postgres_url=POSTGRES_URL if use_real else None,
+                       app_args=("--cache-ttl-ms", str(ns.cache_ttl_ms)))
     config = ("real Redis 7 + PostgreSQL at 127.0.0.1 (behind 0 ms proxies), blob service in its own process"
               if use_real else "embedded: SQLite + the blob service's key-value cache, blob service in its own process")
     console.print(f"[bold]configuration:[/] {config}")
@@ -186,34 +206,45 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     rng = np.random.default_rng(7)
     for case in cases:
-        # A baseline right before each scenario: the machine's other load drifts between runs, and a
-        # prediction should be judged on the change it predicts, not on the drift.
+        # Baseline and scenario runs alternate (B S B S ...): the machine's other load drifts from minute to
+        # minute, and a prediction should be judged on the change it predicts, not on that drift.
         case_setup = replace(setup, pin=case.pin)
-        console.print(f"[bold]{case.name}[/]: baseline, then the scenario applied for real")
-        base, graphs = _baseline(case_setup, ns.requests, work / f"{case.name}.baseline.jsonl", status)
-        spec = case.spec.format(**base.resources)
-        status(f"predicting {spec}")
+        console.print(f"[bold]{case.name}[/]: {case.spec}, {ns.rounds} rounds of baseline then scenario")
+        per_round = max(ns.requests // ns.rounds, 1)
+        bases, truths = [], []
+        for k in range(ns.rounds):
+            bases.append(measure(case_setup, requests=per_round, spans=work / f"{case.name}.base{k}.jsonl",
+                                 on_step=status))
+            truths.append(measure(case_setup, case.applied, users=case.users, requests=per_round,
+                                  spans=work / f"{case.name}.truth{k}.jsonl", on_step=status))
+        reqs = [req for b in bases for req in _window_requests(b)]
+        problems: list[str] = []
+        graphs = [g for g in build_graphs(reqs, problems=problems) if g.route in ROUTES]
+        dump_graphs(graphs, work / f"{case.name}.graphs.json", source=str(work))
+        status(f"baseline: {len(reqs)} requests -> {len(graphs)} graph variants"
+               f"{f' ({len(problems)} left out: {problems[0]})' if problems else ''}; predicting")
         try:
-            preds = {p.route: p for p in predict(graphs, spec, store, ns.samples, rng)}
+            preds = {p.route: p for p in predict(graphs, case.spec, store, ns.samples, rng)}
         except AnalyzerError as exc:
             status(f"[red]cannot predict[/]: {type(exc).__name__}: {exc}")
             continue
-        truth = measure(case_setup, case.applied, users=case.users, requests=ns.requests,
-                        spans=work / f"{case.name}.jsonl", on_step=status)
-        if truth.errors:
-            status(f"[yellow]{truth.errors} failed requests[/]: {'; '.join(truth.error_examples[:2])}")
-        case = replace(case, spec=spec)
+        errors = sum(t.errors for t in truths)
+        if errors:
+            status(f"[yellow]{errors} failed requests[/]: {'; '.join(truths[0].error_examples[:2])}")
+        measured = _pooled(truths)
+        throughput = float(np.mean([t.throughput_rps for t in truths]))
         for route in ROUTES:
-            if route in preds and truth.latencies(route):
-                rows.append(_row(case, route, preds[route], truth))
-                rows[-1]["throughput_rps"] = truth.throughput_rps
-        if case.users > 1:
+            if route in preds and measured.get(route):
+                rows.append(_row(case, route, preds[route], measured[route]))
+                rows[-1]["throughput_rps"] = throughput
+        _write(ns.out, config, ns, rows, time.monotonic() - began)
+        if case.users > 1 and rows:
             # At saturation the loop is busy all the time: 1 / throughput is its time per request, to compare
             # with the compute the graphs recorded per request (the rest is loop work outside any request).
-            loop_ms, compute_ms = 1000 / truth.throughput_rps, _compute_per_request(graphs)
+            loop_ms, compute_ms = 1000 / throughput, _compute_per_request(graphs)
             rows[-1]["loop_ms_per_request"], rows[-1]["compute_ms_per_request"] = loop_ms, compute_ms
-            status(f"throughput {truth.throughput_rps:.1f} req/s = {loop_ms:.2f} ms of loop per request at "
-                   f"saturation; compute recorded per request at 1 user: {compute_ms:.2f} ms")
+            status(f"throughput {throughput:.1f} req/s = {loop_ms:.2f} ms of loop per request at saturation; "
+                   f"compute recorded per request at 1 user: {compute_ms:.2f} ms")
     store.close()
 
     table = Table(title=f"What-if accuracy, forum app ({'Redis + PostgreSQL' if use_real else 'embedded'}), "
@@ -230,11 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     elapsed = time.monotonic() - began
     console.print(f"total {elapsed:.0f} s; work files in {work}")
-    ns.out.parent.mkdir(parents=True, exist_ok=True)
-    ns.out.write_text(json.dumps({
-        "format": "perfcast-whatif-accuracy/1", "configuration": config, "requests_per_run": ns.requests,
-        "samples": ns.samples, "elapsed_s": elapsed, "python": sys.version.split()[0], "rows": rows,
-    }, indent=1))
+    _write(ns.out, config, ns, rows, elapsed)
     console.print(f"raw results: {ns.out}")
     return 0
 

@@ -46,8 +46,12 @@ class IoState:
     open: bool = True
 
 
-_READING: IoState | None = None
-"""The I/O state a transport is reading for (the socket wrappers add received bytes to it)."""
+class _Reading(threading.local):
+    state: IoState | None = None
+    """The I/O state a transport is reading for on this thread (the socket wrappers add received bytes)."""
+
+
+_reading = _Reading()
 
 
 # --- transports: round trips and bytes ---------------------------------------------------------------------
@@ -63,7 +67,7 @@ def _open_state(rec: Any) -> IoState | None:
 
 
 def _write(self: Any, data: Any) -> None:
-    rec = _tasks.CURRENT
+    rec = _tasks.current()
     if rec is not None and rec.io_stack:
         try:
             st = _open_state(rec)
@@ -78,7 +82,7 @@ def _write(self: Any, data: Any) -> None:
 
 
 def _writelines(self: Any, list_of_data: Any) -> None:
-    rec = _tasks.CURRENT
+    rec = _tasks.current()
     if rec is not None and rec.io_stack:
         list_of_data = list(list_of_data)
         try:
@@ -95,18 +99,17 @@ def _writelines(self: Any, list_of_data: Any) -> None:
 
 def _reader(name: str) -> Any:
     def read(self: Any) -> None:
-        global _READING
         st = self._perfcast_io
         if st is None or not st.open:
             return _orig[name](self)
         if st.wrote:
             st.round_trips += 1
             st.wrote = False
-        _READING = st
+        _reading.state = st
         try:
             return _orig[name](self)
         finally:
-            _READING = None
+            _reading.state = None
 
     return read
 
@@ -114,7 +117,7 @@ def _reader(name: str) -> Any:
 async def _create_connection(
     wrapped: Any, instance: Any, args: Any, kwargs: Any
 ) -> Any:
-    rec = _tasks.CURRENT
+    rec = _tasks.current()
     st = _open_state(rec) if rec is not None else None
     if st is not None:
         st.round_trips += 1  # the TCP handshake
@@ -157,7 +160,7 @@ def _socket_method(name: str) -> Any:
     counts_bytes = name in ("recv", "recv_into")
 
     def method(self: Any, *args: Any) -> Any:
-        st = _READING
+        st = _reading.state
         if st is not None:
             result = original(self, *args)
             if counts_bytes:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import collector
 from collector import environment
-from collector._pipe import relay
+from collector._pipe import convert, spool
 
 BOOTSTRAP = Path(__file__).with_name("_bootstrap")
 
@@ -49,8 +49,8 @@ def child_environment(
 def run(command: Sequence[str], env: Mapping[str, str]) -> int:
     """Run ``command``, forwarding SIGINT and SIGTERM to it; return its exit code (128+N for signal N).
 
-    When ``env`` names an output file, the child sends its spans down a pipe and this process writes them
-    (``collector._pipe``), so that encoding them costs the app nothing.
+    When ``env`` names an output file, the child sends its spans down a pipe; this process spools them and
+    writes the file once the child has exited (``collector._pipe``), so that encoding them costs the app nothing.
     """
     if not command:
         raise collector.CollectorError(
@@ -59,6 +59,7 @@ def run(command: Sequence[str], env: Mapping[str, str]) -> int:
     env = dict(env)
     output = env.get(environment.OUTPUT)
     relay_thread = None
+    spool_path = ""
     pass_fds: tuple[int, ...] = ()
     if output:
         try:
@@ -69,11 +70,12 @@ def run(command: Sequence[str], env: Mapping[str, str]) -> int:
             raise collector.CollectorError(
                 f"cannot write spans to {output}: {exc.strerror}"
             ) from None
+        spool_path = output + ".spool"
         read_fd, write_fd = os.pipe()
         env[environment.SPAN_FD] = str(write_fd)
         pass_fds = (write_fd,)
         relay_thread = threading.Thread(
-            target=relay, args=(read_fd, output), name="perfcast-relay", daemon=True
+            target=spool, args=(read_fd, spool_path), name="perfcast-spool", daemon=True
         )
         relay_thread.start()
     try:
@@ -96,10 +98,21 @@ def run(command: Sequence[str], env: Mapping[str, str]) -> int:
         code = process.wait()
         if relay_thread is not None:
             relay_thread.join()
+            _convert(spool_path, output)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 128 - code if code < 0 else code
+
+
+def _convert(spool_path: str, output: str) -> None:
+    try:
+        convert(spool_path, output)
+    finally:
+        try:
+            os.remove(spool_path)
+        except OSError:
+            pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:

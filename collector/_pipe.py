@@ -2,8 +2,10 @@
 
 Encoding OTLP/JSON costs far more CPU than making the spans; done in the app's process it holds the GIL
 against the event loop (every socket call of the loop then waits for the export thread). Under ``perfcast
-collect`` the child only pickles compact tuples onto a pipe and the launcher, another process, rebuilds the
-spans and writes the JSON lines with the same encoder (``collector._export``).
+collect`` the child only marshals compact tuples onto a pipe; the launcher, another process, copies the frames
+to a spool file next to the output while the program runs (no decoding, so it takes no CPU from the app on a
+busy machine) and, once the program has exited, rebuilds the spans and writes the JSON lines with the same
+encoder (``collector._export``).
 """
 
 from __future__ import annotations
@@ -147,15 +149,23 @@ def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
     return data if data is not None and len(data) == n else None
 
 
-def relay(read_fd: int, output: str) -> int:
-    """Read frames from ``read_fd`` until EOF and append them to ``output`` as OTLP JSON lines.
+def spool(read_fd: int, spool_path: str) -> None:
+    """Copy the frames arriving on ``read_fd`` to ``spool_path`` until EOF (cheap: no decoding)."""
+    with os.fdopen(read_fd, "rb") as stream, open(spool_path, "wb") as out:
+        while chunk := stream.read1(1 << 20):
+            out.write(chunk)
 
-    Returns the number of spans written. A truncated last frame (the child was killed) is dropped.
+
+def convert(spool_path: str, output: str) -> int:
+    """Append the spooled frames to ``output`` as OTLP JSON lines; return the number of spans written.
+
+    A truncated last frame (the program was killed while writing it) is dropped; a frame that cannot be
+    decoded is reported once on stderr and skipped.
     """
     writer = JsonLinesSpanExporter(output)
     resources: dict[int, Resource] = {}
     written = failed = 0
-    with os.fdopen(read_fd, "rb") as stream:
+    with open(spool_path, "rb") as stream:
         while True:
             header = _read_exactly(stream, _HEADER.size)
             if header is None:
@@ -170,7 +180,7 @@ def relay(read_fd: int, output: str) -> int:
                     resources[key] = Resource(attrs)
                 writer.export([_rebuild(raw, resources) for raw in raw_spans])
                 written += len(raw_spans)
-            except Exception as exc:  # noqa: BLE001 - keep draining: a stalled pipe would block the app
+            except Exception as exc:  # noqa: BLE001 - one bad batch must not lose the others
                 failed += 1
                 if failed == 1:
                     print(

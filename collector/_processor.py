@@ -36,7 +36,7 @@ class CausalSpanProcessor(SpanProcessor):
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
             attrs = span.attributes or {}
-            rec = _tasks.CURRENT
+            rec = _tasks.current()
             extra: dict[str, Any] = {}
             if rec is not None and A.TASK_ID not in attrs:
                 extra[A.TASK_ID] = rec.id

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,8 +29,6 @@ ReadableSpans: the SDK's per-element validation of their step arrays would cost 
 resource: Any = None
 scope: Any = None
 
-clock_offset_ns: int = time.time_ns() - time.perf_counter_ns()
-"""Unix ns = perf_counter_ns + clock_offset_ns; taken once, in ``instrument()``."""
 
 internal_errors: int = 0
 untraced_steps: int = 0
@@ -90,19 +87,17 @@ def reset(
     new_resource: Any = None,
     new_scope: Any = None,
 ) -> None:
-    """Start a new collection: new settings, tracer, clock offset and zeroed counters."""
+    """Start a new collection: new settings, tracer, span sink and zeroed counters."""
     global \
         settings, \
         tracer, \
         emit, \
         resource, \
         scope, \
-        clock_offset_ns, \
         internal_errors, \
         untraced_steps, \
         _logged
     settings = new_settings
     tracer = new_tracer
     emit, resource, scope = new_emit, new_resource, new_scope
-    clock_offset_ns = time.time_ns() - time.perf_counter_ns()
     internal_errors = untraced_steps = _logged = 0

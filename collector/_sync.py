@@ -102,7 +102,16 @@ class SyncState:
         if self.owner is not None:
             attrs[A.TASK_ID] = self.owner.id
             attrs[A.TASK_STEP] = self.owner_step
-        end = self.completed_ns or time.time_ns()
+        end = self.completed_ns
+        if end is None:
+            # Ended from inside the awaiting task's resume step: the point had completed by that step's start.
+            owner = self.owner
+            running = (
+                owner is not None and resume_step is not None and resume_step == owner.n
+            )
+            end = (
+                owner.step_start_ns if running and owner is not None else time.time_ns()
+            )
         _runtime.emit_span(
             f"sync {self.op}",
             self.parent,
@@ -127,7 +136,7 @@ def _raised(obj: Any) -> bool:
 
 def _begin(op: str) -> SyncState | None:
     """A new sync point in the running task, or None when not tracing (outside a task or a trace)."""
-    rec = _tasks.CURRENT
+    rec = _tasks.current()
     if rec is None or _runtime.emit is None:
         return None
     parent = trace.get_current_span().get_span_context()
@@ -230,7 +239,7 @@ def _shield(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 def _wait(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     fs = args[0] if args else kwargs.get("fs")
     if (
-        _tasks.CURRENT is None
+        _tasks.current() is None
         or fs is None
         or asyncio.isfuture(fs)
         or asyncio.iscoroutine(fs)
@@ -288,7 +297,7 @@ async def _wait_traced(wrapped: Any, fs: list[Any], *args: Any, **kwargs: Any) -
 
 
 def _wait_for(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    if _tasks.CURRENT is None:
+    if _tasks.current() is None:
         return wrapped(*args, **kwargs)
     return _named(_wait_for_traced(wrapped, args, kwargs), wrapped)
 
@@ -342,7 +351,7 @@ _INLINE_OWNERS: set[int] = set()
 def _as_completed(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     fs = args[0] if args else kwargs.get("fs")
     if (
-        _tasks.CURRENT is None
+        _tasks.current() is None
         or fs is None
         or asyncio.isfuture(fs)
         or asyncio.iscoroutine(fs)
@@ -360,7 +369,7 @@ def _as_completed(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 def _as_completed_items(
     gen: Any, fs: list[Any], timeout_ns: int | None
 ) -> Iterator[Any]:
-    rec = _tasks.CURRENT
+    rec = _tasks.current()
     prev = rec.capture if rec is not None else None
     if rec is not None:
         rec.capture = []
@@ -410,7 +419,7 @@ async def _as_completed_one(
 
 
 def _timeout_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    rec = _tasks.CURRENT
+    rec = _tasks.current()
     if rec is not None and rec.id not in _INLINE_OWNERS:
         st = _safe_begin("timeout")
         if st is not None:
@@ -442,7 +451,7 @@ async def _timeout_exit_traced(
         return await wrapped(*args, **kwargs)
     finally:
         try:
-            rec = _tasks.CURRENT or st.owner
+            rec = _tasks.current() or st.owner
             st.finish(rec.n if rec is not None else None, bool(instance.expired()))
         except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("timeout exit")
@@ -474,7 +483,7 @@ def _group_exit(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 async def _group_exit_traced(
     wrapped: Any, args: Any, kwargs: Any, st: SyncState
 ) -> Any:
-    rec = _tasks.CURRENT or st.owner
+    rec = _tasks.current() or st.owner
     prev_tag = None
     if rec is not None:
         prev_tag, rec.await_tag = rec.await_tag, st.tag

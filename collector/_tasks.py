@@ -14,6 +14,7 @@ import asyncio.events
 import asyncio.futures
 import asyncio.tasks
 import itertools
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ _TASK_TYPES: tuple[type, ...] = tuple(
 # The ContextVar holding OTel's current Context: read straight from each handle's contextvars.Context.
 _OTEL_VAR = getattr(otel_context._RUNTIME_CONTEXT, "_current_context", None)
 _perf_ns = time.perf_counter_ns
+_time_ns = time.time_ns
 _thread_ns = time.thread_time_ns
 
 
@@ -73,20 +75,37 @@ class TaskRecord:
     """When a list: tasks created by this task are appended (sync wrappers find their children)."""
     sleep_ns: int | None = None
     """Set by ``asyncio.sleep``'s timer during the step (``loop.call_later``); reset at each step end."""
+    step_start_ns: int = 0
+    """Unix ns at which the running (or last) step started."""
     started: Any = None
     """The first span started during the running step: the step's trace when no span is current before or
     after it (a request handled in a single step opens and closes its server span inside it)."""
 
 
-CURRENT: TaskRecord | None = None
-"""The record of the task whose step is running, None outside task steps."""
+class _ThreadState(threading.local):
+    """Per thread: an app may run event loops on several threads (each thread runs its own task steps)."""
+
+    current: TaskRecord | None = None
+    """The record of the task whose step is running on this thread, None outside task steps."""
+    last_t: int = 0
+    """perf_counter_ns at the end of this thread's last recorded step."""
+    last_c: int = 0
+    """thread_time_ns at the end of this thread's last recorded step."""
+
+
+_state = _ThreadState()
+
+
+def current() -> TaskRecord | None:
+    """The record of the task whose step is running on this thread (None outside task steps)."""
+    return _state.current
+
+
 SYNC_FUTURES: dict[int, Any] = {}
 """id(future returned by gather/shield) -> its sync state."""
 _records: dict[int, TaskRecord] = {}
 _ids = itertools.count(1)
 _orig_run: Any = None
-_last = [0, 0]
-"""perf_counter_ns and thread_time_ns at the end of the last recorded step."""
 _SHARED_CPU_GAP_NS = 10_000
 
 
@@ -122,7 +141,7 @@ def _register(task: Any, parent: TaskRecord | None) -> TaskRecord:
 def _create_task(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     task = wrapped(*args, **kwargs)
     try:
-        parent = CURRENT
+        parent = _state.current
         if id(task) not in _records:
             rec = _register(task, parent)
             if parent is not None and parent.io_stack:
@@ -136,7 +155,6 @@ def _create_task(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 
 
 def _run(self: asyncio.events.Handle) -> None:
-    global CURRENT
     task = getattr(self._callback, "__self__", None)
     if task is None or not isinstance(task, _TASK_TYPES):
         return _orig_run(self)
@@ -149,30 +167,34 @@ def _run(self: asyncio.events.Handle) -> None:
     except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
         _runtime.count_error("step start")
         return _orig_run(self)
-    prev = CURRENT
-    CURRENT = rec
+    state = _state
+    prev = state.current
+    state.current = rec
+    # Unix time of the start from the span clock itself (time.time_ns, as the SDK's spans use), so that steps
+    # and spans stay aligned however the wall clock is slewed; durations from the monotonic counter.
+    u0 = rec.step_start_ns = _time_ns()
     t0 = _perf_ns()
     # Steps that run back to back (one loop iteration's ready queue) share a CPU clock reading: one
     # syscall per step instead of two; the loop's bookkeeping between them (< _SHARED_CPU_GAP_NS of wall
     # time) is then counted in the next step's CPU time.
-    c0 = _last[1] if t0 - _last[0] < _SHARED_CPU_GAP_NS else _thread_ns()
+    c0 = state.last_c if t0 - state.last_t < _SHARED_CPU_GAP_NS else _thread_ns()
     try:
         _orig_run(self)
     finally:
         c1 = _thread_ns()
         t1 = _perf_ns()
-        _last[0] = t1
-        _last[1] = c1
-        CURRENT = prev
+        state.last_t = t1
+        state.last_c = c1
+        state.current = prev
         try:
             # the CPU clock pair is inside the wall clock pair; min() absorbs the two clocks' granularity
-            _end_step(rec, task, ctx, octx0, t0, t1 - t0, min(c1 - c0, t1 - t0))
+            _end_step(rec, task, ctx, octx0, u0, t1 - t0, min(c1 - c0, t1 - t0))
         except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("step end")
 
 
 def _end_step(
-    rec: TaskRecord, task: Any, ctx: Any, octx0: Any, t0: int, wall: int, cpu: int
+    rec: TaskRecord, task: Any, ctx: Any, octx0: Any, start_ns: int, wall: int, cpu: int
 ) -> None:
     octx = ctx.get(_OTEL_VAR)
     span = octx.get(_SPAN_KEY) if octx else None
@@ -201,7 +223,7 @@ def _end_step(
         rec.trace_id = 0
         rec.n += 1
         return
-    rec.starts.append(t0 + _runtime.clock_offset_ns)
+    rec.starts.append(start_ns)
     rec.walls.append(wall)
     rec.cpus.append(cpu)
     if done:
@@ -247,7 +269,7 @@ def _call_later(
     # asyncio.sleep(delay) is call_later(delay, _set_result_unless_cancelled, future): note the delay for
     # the running task, whose step then ends suspended on that future.
     if callback is _SET_RESULT:
-        rec = CURRENT
+        rec = _state.current
         if rec is not None:
             rec.sleep_ns = max(0, int(delay * 1e9))
     return _orig_call_later(self, delay, callback, *args, context=context)
@@ -326,7 +348,7 @@ def install() -> None:
 
 def uninstall() -> None:
     """Undo ``install()``; emit open chunks first."""
-    global _orig_run, _orig_call_later, CURRENT
+    global _orig_run, _orig_call_later
     if _orig_run is None:
         return
     flush_all()
@@ -337,6 +359,6 @@ def uninstall() -> None:
     wrapped = asyncio.base_events.BaseEventLoop.__dict__["create_task"]
     if isinstance(wrapped, wrapt.FunctionWrapper):
         asyncio.base_events.BaseEventLoop.create_task = wrapped.__wrapped__  # type: ignore[method-assign]
-    CURRENT = None
+    _state.current = None
     SYNC_FUTURES.clear()
     _records.clear()

@@ -115,7 +115,10 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
 
     console.rule("[bold]2. causal graphs[/]")
     reqs = [r for r in read_spans(spans).requests if base.window_ns[0] <= r.start_ns and r.end_ns <= base.window_ns[1]]
-    graphs = [g for g in build_graphs(reqs) if g.route in ROUTES]
+    problems: list[str] = []
+    graphs = [g for g in build_graphs(reqs, problems=problems) if g.route in ROUTES]
+    for problem in problems[:3]:
+        console.print(f"[yellow]left out:[/] {problem}", highlight=False)
     graphs_file = out / "graphs.json"
     dump_graphs(graphs, graphs_file, source=str(spans))
     per, overall = summarize(graphs)
@@ -187,8 +190,9 @@ def _print_graphs(console: Console, graphs: list[CausalGraph], per: dict[tuple[s
     for route in dict.fromkeys(g.route for g in graphs):
         variants = [g for g in graphs if g.route == route]
         total = sum(g.count for g in variants)
+        shown: set[tuple[tuple[str, str, str, int], ...]] = set()
         for g in variants:
-            if g.variant > 0 and g.count < 0.1 * total:
+            if g.variant > 0 and g.count < 0.25 * total:
                 continue
             table = Table(title=f"{route} variant {g.variant} ({g.count} of {total} requests): its nodes, "
                                 "alike ones grouped", title_justify="left")
@@ -202,6 +206,12 @@ def _print_graphs(console: Console, graphs: list[CausalGraph], per: dict[tuple[s
                 what = node.api or node.label or node_id
                 key = (node.kind.value, node.wait.value, what)
                 groups.setdefault(key, []).append(float(np.median(node.samples_ms)) if node.samples_ms else 0.0)
+            signature = tuple((*key, len(meds)) for key, meds in groups.items())
+            if signature in shown:  # the same nodes in another order: said in one line
+                console.print(f"{route} variant {g.variant} ({g.count} requests): the same nodes, joined "
+                              "differently", highlight=False)
+                continue
+            shown.add(signature)
             for (kind, wait, what), meds in groups.items():
                 table.add_row(str(len(meds)), kind, wait, what, f"{np.median(meds):.2f}")
             console.print(table)

@@ -391,8 +391,17 @@ def deploy(
         processes: list[_Process] = []
 
         def stop_all() -> None:
+            # Every process is stopped even when stopping one is interrupted (a second Ctrl-C).
+            first: BaseException | None = None
             for p in reversed(processes):
-                p.stop()
+                try:
+                    p.stop()
+                except BaseException as exc:  # noqa: BLE001 - re-raised once the others are stopped
+                    first = first or exc
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(p.proc.pid, signal.SIGKILL)
+            if first is not None:
+                raise first
 
         stack.callback(stop_all)
         delays = dict(applied.added_ms)

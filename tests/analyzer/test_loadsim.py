@@ -7,6 +7,7 @@ A closed loop of N users with no think time over one FIFO CPU server of demand D
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,13 @@ from spanfactory import Trace, write
 
 from analyzer.build import build_graphs
 from analyzer.graph import CausalGraph, Node, NodeKind, dump_graphs, load_graphs
-from analyzer.loadsim import BACKGROUND_KEY, background_demand, with_background
+from analyzer.loadsim import (
+    BACKGROUND_KEY,
+    WAIT_SCALE_KEY,
+    background_demand,
+    wait_scale,
+    with_background,
+)
 from analyzer.predict import predict
 from analyzer.spans import read_spans
 
@@ -27,7 +34,7 @@ def rng() -> np.random.Generator:
 def chain(route: str, *nodes: Node, count: int = 20) -> CausalGraph:
     ids = ["start", *(n.id for n in nodes), "end"]
     everything = [Node("start", NodeKind.START, (0.0,) * count), *nodes, Node("end", NodeKind.END, (0.0,) * count)]
-    return CausalGraph(route, everything, list(zip(ids, ids[1:], strict=False)), latency_ms=[1.0] * count)
+    return CausalGraph(route, everything, list(pairwise(ids)), latency_ms=[1.0] * count)
 
 
 def compute(node_id: str, ms: float, count: int = 20) -> Node:
@@ -118,6 +125,24 @@ class TestCpuModel:
         assert mean_latency(graphs, "load:1") == pytest.approx(7.5)
         assert mean_latency(graphs, "load:10") == pytest.approx(15.0, rel=0.01)
         assert mean_latency([g], "load:10") == pytest.approx(40.0, rel=0.01)  # uncalibrated: wall time
+
+
+    def test_calibrated_waits_scale_all_but_cpu_and_timeouts(self) -> None:
+        # a 10 ms call with 2 ms of loop CPU, then a 30 ms timeout racing nothing: waits x 0.5
+        timer = Node("t", NodeKind.TIMER, (30.0,) * 20, timeout_ms=30.0)
+        g = chain("GET /", io("a", 10.0, cpu=2.0, before=1.0), timer)
+        graphs = with_background([g], 0.0, wait_scale=0.5)
+        assert graphs[0].meta[WAIT_SCALE_KEY] == 0.5
+        assert mean_latency(graphs, "load:1") == pytest.approx(2.0 + 8.0 * 0.5 + 30.0)
+        (p,) = predict(graphs, "load:2", samples=50, rng=rng())
+        assert any("calibrated waits" in n for n in p.notes)
+
+    def test_wait_scale_is_a_ratio_of_means(self) -> None:
+        assert wait_scale([1.0, 3.0], [4.0, 4.0]) == pytest.approx(0.5)
+        with pytest.raises(ValueError, match="both runs"):
+            wait_scale([], [1.0])
+        with pytest.raises(ValueError, match="wait_scale must be positive"):
+            with_background([chain("GET /", io("a", 1.0))], 0.0, wait_scale=0.0)
 
 
 class TestBackgroundDemand:

@@ -11,7 +11,7 @@ async def work(delay: float) -> float:
 
 async def test_gather_joins_all_children_in_argument_order(collected):
     with collected.tracer.start_as_current_span("request"):
-        me = _tasks.CURRENT.id
+        me = _tasks.current().id
         result = await asyncio.gather(work(0.02), work(0.01))
     assert result == [0.02, 0.01]
     (sync,) = collected.sync("gather")

@@ -11,7 +11,7 @@ async def work(delay: float) -> float:
 
 async def test_taskgroup_joins_children_and_body(collected):
     with collected.tracer.start_as_current_span("request"):
-        me = _tasks.CURRENT.id
+        me = _tasks.current().id
         async with asyncio.TaskGroup() as tg:
             a_task = tg.create_task(work(0.01))
             b_task = tg.create_task(work(0.002))
@@ -44,8 +44,8 @@ async def test_as_completed_ranks(collected):
 
 async def test_fire_and_forget_task_keeps_its_parent(collected):
     with collected.tracer.start_as_current_span("request"):
-        me = _tasks.CURRENT.id
-        step = _tasks.CURRENT.n
+        me = _tasks.current().id
+        step = _tasks.current().n
         background = asyncio.create_task(work(0.005))
     await background
     spans = collected.stop()

@@ -28,7 +28,7 @@ async def test_wait_for_in_time(collected):
 
 async def test_wait_for_timing_out(collected):
     with collected.tracer.start_as_current_span("request"):
-        me = _tasks.CURRENT.id
+        me = _tasks.current().id
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(work(1.0), 0.01)
     (sync,) = collected.sync("wait_for")
@@ -44,7 +44,7 @@ async def test_wait_for_timing_out(collected):
 @pytest.mark.parametrize(("delay", "timed_out"), [(0.001, False), (1.0, True)])
 async def test_timeout_context_manager(collected, delay, timed_out):
     with collected.tracer.start_as_current_span("request"):
-        me = _tasks.CURRENT.id
+        me = _tasks.current().id
         try:
             async with asyncio.timeout(0.02):
                 await work(delay)
@@ -75,3 +75,18 @@ async def test_shield(collected):
     assert (
         list(a[A.SYNC_DONE]) == list(a[A.SYNC_CHILDREN]) and a[A.SYNC_CHILDREN][0] > 0
     )
+
+
+async def test_sync_points_end_no_later_than_their_resume_step(collected):
+    with collected.tracer.start_as_current_span("request"):
+        me = _tasks.current().id
+        await asyncio.wait_for(work(0.002), 1.0)
+        await asyncio.gather(work(0.001), work(0.002))
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(work(0.001))
+        await asyncio.sleep(0)
+    parent = collected.task(me)
+    for sync in collected.of_kind("sync"):
+        resume = sync.attributes[A.SYNC_RESUME_STEP] - parent[A.STEPS_FIRST]
+        assert sync.end_time <= parent[A.STEPS_START_NS][resume], sync.name
+        assert sync.start_time <= sync.end_time

@@ -102,7 +102,7 @@ async def test_io_awaits_are_tagged(collected, redis_url):
 
     client = aioredis.from_url(redis_url)
     with collected.tracer.start_as_current_span("request"):
-        me = _tasks.CURRENT.id
+        me = _tasks.current().id
         await client.get("perfcast:test:x")
     await client.aclose()
     assert "io" in collected.task(me)[A.STEPS_AWAITS]

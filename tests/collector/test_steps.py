@@ -14,7 +14,7 @@ def busy(ms: float) -> None:
 
 async def test_compute_steps_have_wall_at_least_cpu(collected):
     with collected.tracer.start_as_current_span("request"):
-        me = _tasks.CURRENT.id
+        me = _tasks.current().id
         busy(5)
         await asyncio.sleep(0.002)
         busy(5)
@@ -53,7 +53,7 @@ def test_chunks_cut_at_the_size_limit():
 
     async def main() -> int:
         with provider.get_tracer("t").start_as_current_span("request"):
-            me = _tasks.CURRENT.id
+            me = _tasks.current().id
             for _ in range(10):
                 await asyncio.sleep(0)
         return me
@@ -81,7 +81,7 @@ async def test_direct_await_of_a_task(collected):
         return 7
 
     with collected.tracer.start_as_current_span("request"):
-        me = _tasks.CURRENT.id
+        me = _tasks.current().id
         t = asyncio.create_task(child())
         child_id = _tasks.task_id(t)
         assert await t == 7
@@ -132,4 +132,51 @@ def test_cpu_clock_can_be_turned_off():
     assert all(
         len(c.attributes[A.STEPS_WALL_NS]) == len(c.attributes[A.STEPS_AWAITS])
         for c in chunks
+    )
+
+
+def test_event_loops_on_two_threads_keep_their_own_tasks():
+    import sys
+    import threading
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
+
+    import collector
+
+    exporter = InMemorySpanExporter()
+    provider = collector.instrument(output=None, exporter=exporter, quiet=True)
+    tracer = provider.get_tracer("t")
+
+    async def app(name: str) -> None:
+        async def child(i: int) -> None:
+            with tracer.start_as_current_span(f"{name}-work-{i}"):
+                busy(1)  # long enough for the other thread to take the GIL mid-step
+                await asyncio.sleep(0)
+
+        for i in range(10):
+            with tracer.start_as_current_span(f"{name}-request"):
+                await asyncio.gather(child(i), child(i + 100))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        other = threading.Thread(target=asyncio.run, args=(app("b"),))
+        other.start()
+        asyncio.run(app("a"))
+        other.join()
+    finally:
+        sys.setswitchinterval(interval)
+        collector.uninstrument()
+    spans = exporter.get_finished_spans()
+    trace_of_task = {
+        s.attributes[A.TASK_ID]: s.context.trace_id
+        for s in spans
+        if s.attributes.get(A.KIND) == "task"
+    }
+    work = [s for s in spans if "-work-" in s.name]
+    assert len(work) == 40
+    assert all(
+        trace_of_task[s.attributes[A.TASK_ID]] == s.context.trace_id for s in work
     )
