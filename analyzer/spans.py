@@ -31,6 +31,7 @@ from collector import attributes as A
 
 __all__ = [
     "IoCall",
+    "ProcessCpu",
     "Request",
     "Span",
     "SpanFile",
@@ -39,6 +40,7 @@ __all__ = [
     "TaskLife",
     "assemble_requests",
     "parse_line",
+    "process_cpu",
     "read_spans",
     "span_to_otlp",
     "write_spans",
@@ -205,6 +207,52 @@ class SpanFile:
     requests: tuple[Request, ...]
     problems: tuple[str, ...] = ()
     """Readable descriptions of the lines, spans and requests left out, ``file:line: problem``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessCpu:
+    """Where the process's CPU went during a collection (a ``process`` span), in ms."""
+
+    start_ns: int
+    end_ns: int
+    user_ms: float
+    """User-mode CPU of every thread."""
+    system_ms: float
+    """Kernel-mode CPU of every thread."""
+    loop_thread_ms: float
+    """CPU of the main (event loop) thread, user and kernel."""
+    export_ms: float
+    """CPU of the collector's export threads: the collector's, not the app's."""
+    threads: int
+
+    @property
+    def app_ms(self) -> float:
+        """The process's CPU without the collector's export threads."""
+        return max(self.user_ms + self.system_ms - self.export_ms, 0.0)
+
+    @property
+    def other_threads_ms(self) -> float:
+        """CPU of the app's threads other than the loop's (embedded services, database workers...)."""
+        return max(self.app_ms - self.loop_thread_ms, 0.0)
+
+
+def process_cpu(spans: Iterable[Span]) -> tuple[ProcessCpu, ...]:
+    """The ``process`` spans among ``spans`` (one per collection), by start time."""
+    out = []
+    for span in spans:
+        if span.perfcast_kind != "process":
+            continue
+        a = span.attributes
+
+        def ms(key: str, attrs: Mapping[str, Any] = a) -> float:
+            value = attrs.get(key, 0)
+            return value / 1e6 if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+        threads = a.get(A.PROCESS_THREADS, 0)
+        out.append(ProcessCpu(span.start_ns, span.end_ns, ms(A.PROCESS_USER_NS), ms(A.PROCESS_SYSTEM_NS),
+                              ms(A.PROCESS_LOOP_THREAD_NS), ms(A.PROCESS_EXPORT_NS),
+                              threads if isinstance(threads, int) else 0))
+    return tuple(sorted(out, key=lambda p: p.start_ns))
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -55,6 +55,10 @@ from examples.forum.load import run_load_subprocess
 REDIS_URL = os.environ.get("PERFCAST_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get("PERFCAST_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 CONFIGS = ("plain", "perfcast", "otel-asyncio")
+BASELINE = "perfcast-base"
+"""With ``--baseline-collector DIR``: the collector package found in DIR (an older version, e.g. from
+``git archive HEAD collector | tar -x -C DIR``), measured in the same run as the working tree's."""
+_baseline_dir: str | None = None
 # The coroutines the forum awaits through create_task / gather / wait / wait_for / TaskGroup.
 OTEL_ASYNCIO_COROUTINES = "_fetch_blob,_recommend,_fetch_ad,_record_view,top_users,tag_counts,comment_count"
 _LISTENING = re.compile(r"listening on (http://\S+)")
@@ -89,6 +93,10 @@ def _app_command(config: str, app_args: Sequence[str], spans: Path) -> list[str]
         return app
     if config == "perfcast":
         return [sys.executable, "-m", "collector", "-o", str(spans), "--", *app]
+    if config == BASELINE and _baseline_dir is not None:
+        # DIR first on sys.path: the launcher and (through the PYTHONPATH it sets) the app import that collector
+        run = "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('collector', run_name='__main__')"
+        return [sys.executable, "-c", run, _baseline_dir, "-o", str(spans), "--", *app]
     if config == "otel-asyncio":
         return [sys.executable, str(Path(__file__).resolve()), "--run-under-otel-asyncio", str(spans),
                 "examples.forum", *app_args]
@@ -339,10 +347,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
     p.add_argument("--app-arg", action="append", default=[], help="extra argument for the app (repeatable)")
     p.add_argument("--json", type=Path, help="also write all measurements and the summary here")
+    p.add_argument("--baseline-collector", type=Path, metavar="DIR",
+                   help=f"also measure the collector package in DIR as configuration {BASELINE!r}")
     args = p.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if args.baseline_collector is not None:
+        global _baseline_dir
+        if not (args.baseline_collector / "collector" / "__main__.py").is_file():
+            p.error(f"--baseline-collector: no collector/__main__.py in {args.baseline_collector}")
+        _baseline_dir = str(args.baseline_collector.resolve())
+        if BASELINE not in configs:
+            configs.insert(configs.index("perfcast") if "perfcast" in configs else len(configs), BASELINE)
     for config in configs:
-        if config not in CONFIGS:
+        if config not in (*CONFIGS, BASELINE) or (config == BASELINE and _baseline_dir is None):
             p.error(f"--configs: unknown configuration {config!r}; choose from {', '.join(CONFIGS)}")
     if "plain" not in configs:
         configs.insert(0, "plain")

@@ -49,8 +49,9 @@ from analyzer.accuracy import cdf_deviation
 from analyzer.build import build_graphs
 from analyzer.loadsim import background_demand, wait_scale, with_background
 from analyzer.predict import predict, select_routes
-from analyzer.spans import read_spans
+from analyzer.spans import process_cpu, read_spans
 from examples.forum.load import LoadResult, run_load_subprocess
+from replayer.groundtruth import route_of
 
 RESULTS = Path(__file__).with_name("results")
 PATHS = ("/?page={n}", "/post/{n}")
@@ -63,10 +64,8 @@ def _app(spans: Path | None, log: Path) -> Iterator[tuple[str, psutil.Process]]:
     app = [sys.executable, "-m", "examples.forum", "--port", "0", "--seed", "1"]
     env = dict(os.environ)
     if spans is not None:
-        from collector._launcher import child_environment
-
-        env = child_environment(str(spans), service_name="forum")
-        env["PERFCAST_QUIET"] = "1"
+        env["PERFCAST_QUIET"] = "1"  # the launcher sets up the app's environment itself
+        env["PERFCAST_SERVICE_NAME"] = "forum"
         argv = [sys.executable, "-m", "collector", "-o", str(spans), "--", *app]
     else:
         argv = app
@@ -155,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     reqs: list[Any] = []
     base_ms: list[float] = []
     light_ms: list[float] = []
+    base_paths: list[str] = []
+    splits: list[dict[str, float]] = []
+    light_paths: list[str] = []
     user_s = sys_s = 0.0
     base_client = 0.0
     for rep in range(ns.base_repeats):
@@ -163,11 +165,21 @@ def main(argv: Sequence[str] | None = None) -> None:
             begin = time.time_ns()
             base, _, base_client = _load(url, ns.base_users, ns.base_seconds, proc, seed=10 + rep)
             end = time.time_ns()
-        reqs += [r for r in read_spans(spans).requests if begin <= r.start_ns and r.end_ns <= end]
+        got = read_spans(spans)
+        reqs += [r for r in got.requests if begin <= r.start_ns and r.end_ns <= end]
+        for p in process_cpu(got.spans):  # the collector's own figures, over the whole run (warm-up included)
+            n = max(sum(1 for r in got.requests if r.route in ROUTES), 1)
+            splits.append({"loop_thread_ms": p.loop_thread_ms / n, "other_threads_ms": p.other_threads_ms / n,
+                           "export_ms": p.export_ms / n, "user_ms": p.user_ms / n, "system_ms": p.system_ms / n})
+            print(f"collected run {rep + 1}: per user request, loop thread {p.loop_thread_ms / n:.2f} ms, other "
+                  f"threads and kernel {p.other_threads_ms / n:.2f} ms, collector's export {p.export_ms / n:.2f} ms "
+                  "CPU (process span)", flush=True)
         base_ms += base.latencies_ms
+        base_paths += base.paths
         with _app(None, work / f"app-light-{rep}.log") as (url, proc):
             light, (u, sy), _ = _load(url, ns.base_users, ns.base_seconds, proc, seed=10 + rep)
         light_ms += light.latencies_ms
+        light_paths += light.paths
         user_s += u * len(light.latencies_ms)
         sys_s += sy * len(light.latencies_ms)
         print(f"light load {rep + 1}/{ns.base_repeats}: collected {base.throughput_rps:.1f} req/s, p50 "
@@ -176,17 +188,27 @@ def main(argv: Sequence[str] | None = None) -> None:
               flush=True)
     user_s /= len(light_ms)
     sys_s /= len(light_ms)
-    graphs = build_graphs(reqs)
-    print(f"baseline: {len(reqs)} requests (all routes) -> {len(graphs)} graph variants")
+    problems: list[str] = []
+    graphs = build_graphs(reqs, problems=problems)
+    print(f"baseline: {len(reqs)} requests (all routes) -> {len(graphs)} graph variants"
+          f"{f'; {len(problems)} left out: {problems[0]}' if problems else ''}")
     user_graphs = select_routes(graphs, ROUTES)
     # The GIL is the one server: it is held for the process's user-mode CPU; system time (the kernel moving
     # loopback bytes, in syscalls made with the GIL released) runs beside it on the other core.
     demand = background_demand(graphs, user_graphs, user_s * 1e3)
     scale = wait_scale(light_ms, base_ms)
+    # per route too: the collector's cost is not proportional to a request's latency (a short request of few
+    # steps pays relatively less), so each user route gets its own ratio; the in-process services the overall one
+    by_route = {route: wait_scale([x for x, q in zip(light_ms, light_paths, strict=True) if route_of(q) == route],
+                                  [x for x, q in zip(base_ms, base_paths, strict=True) if route_of(q) == route])
+                for route in ROUTES}
     print(f"process CPU {user_s * 1e3:.2f} ms user + {sys_s * 1e3:.2f} ms system per request; traced {demand.traced_ms:.2f} ms -> background {demand.background_ms:.2f} ms, CPU scale "
-          f"{demand.cpu_scale:.3f}, wait scale {scale:.3f}")
+          f"{demand.cpu_scale:.3f}, wait scale {scale:.3f} "
+          f"({', '.join(f'{r}: {x:.3f}' for r, x in by_route.items())})")
     # every route: the in-process services' requests are simulated as sub-requests on the same CPU (GIL)
-    model = with_background(graphs, demand, wait_scale=scale)
+    model = [g for route in ROUTES for g in with_background([g for g in graphs if g.route == route], demand,
+                                                            wait_scale=by_route[route])]
+    model += with_background([g for g in graphs if g.route not in ROUTES], demand, wait_scale=scale)
 
     # the light load itself: only its mean latency was used (wait_scale), so the shape is still a check
     (light_pred,) = [np.concatenate([p.predicted.samples_ms for p in predict(
@@ -242,7 +264,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     RESULTS.mkdir(exist_ok=True)
     out = {"baseline_requests": len(reqs), "base_users": ns.base_users,
            "light": {"median_deviation": light_dev.median, "ks_d": light_dev.max},
-           "background": demand.to_json(), "wait_scale": scale,
+           "background": demand.to_json(), "wait_scale": scale, "wait_scale_by_route": by_route,
+           "process_span_per_request": splits,
            "light_load_cpu_ms_per_request": {"user": user_s * 1e3, "system": sys_s * 1e3},
            "base_client_cores": base_client,
            "load_average": os.getloadavg(), "rows": rows}

@@ -5,19 +5,19 @@ distribution from today's spans and offline profiles, then deploy the scenario f
 prediction by the vertical deviations |F1(x) - F2(x)| of the two CDFs (median, and the max: the KS D).
 Goal: median deviation < 5 % and KS D < 0.15 for every scenario (WebPerf reports medians under 7 %).
 
-Steps:
-1. baseline: the forum app under the collector, one user, ``--requests`` requests (``replayer.groundtruth``);
-2. graphs from the spans of the measured window (warm-up left out);
-3. profiles the engine needs: the blob service's ``GET /blob/{id}`` at today's and the bigger payload size
-   (``size`` scenario), measured through the same proxy the app uses;
-4. per scenario: predict (``analyzer.predict``), apply it for real (proxy delay, users, CPU hog, payload,
-   a failed replica behind a balancer) with the app under the collector again, and compare the predicted
-   distribution with the server-side latencies of the ground-truth run, per route.
+Steps, per scenario (docs/demo.md says why each choice):
+1. ``--rounds`` alternations of a baseline run (the forum app under the collector, one user) and a run of the
+   scenario applied for real (proxy delay, users, CPU hog, payload, a failed replica behind a balancer; the app
+   under the collector again), ``--requests / --rounds`` measured requests each (``replayer.groundtruth``);
+2. graphs from the pooled baseline runs' measured windows;
+3. the profiles the engine needs: ``GET /blob/{id}`` and ``GET /ad`` at today's and the bigger payload size
+   (size), RTTs through the proxy at 0 ms and with the delay (the ``(rtt)`` rows of location);
+4. predict (``analyzer.predict``) and compare with the pooled server-side latencies of the scenario runs.
 
 Real Redis and PostgreSQL are used when they answer on 127.0.0.1 (``--embedded`` forces the app's SQLite and
 the blob service's cache). Raw results go to ``benchmarks/results/whatif_accuracy.json``. Run::
 
-    python benchmarks/whatif_accuracy.py [--requests 300] [--users 16] [--embedded] [--only location-blob,load]
+    python benchmarks/whatif_accuracy.py [--requests 300] [--rounds 3] [--users 16] [--embedded] [--only load,size]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -39,12 +40,19 @@ from analyzer.build import build_graphs
 from analyzer.errors import AnalyzerError
 from analyzer.graph import dump_graphs
 from analyzer.predict import predict
-from analyzer.profiles import ProfileStore
-from analyzer.profiling import HttpTarget, StopRule, profile_target
+from analyzer.profiles import RTT_API, ProfileStore
+from analyzer.profiling import (
+    HttpTarget,
+    PostgresTarget,
+    RedisTarget,
+    StopRule,
+    profile_target,
+)
 from analyzer.spans import read_spans
 from replayer.groundtruth import (
     BLOB_NAME,
     Applied,
+    Deployment,
     ForumSetup,
     GroundTruth,
     deploy,
@@ -68,6 +76,9 @@ class Case:
     users: int = 1
     pin: bool = False
     """Give the app core 0 and everything else the other cores (``ForumSetup.pin``)."""
+    selector: str = ""
+    """location cases: the resource, also predicted as ``location:SELECTOR=NAME`` from RTT profiles measured
+    through the proxy at 0 ms and at the added delay (what the proxy really adds, scheduling included)."""
 
 
 def _reachable(port: int) -> bool:
@@ -78,10 +89,13 @@ def _reachable(port: int) -> bool:
 
 def _cases(setup: ForumSetup, users: int, big: int) -> list[Case]:
     """The scenarios: the spec the engine predicts, and the same scenario applied for real."""
-    cases = [Case("location-blob", f"location:{BLOB_NAME}=+20ms", Applied(added_ms=(("blob", 20.0),)))]
+    cases = [Case("location-blob", f"location:{BLOB_NAME}=+20ms", Applied(added_ms=(("blob", 20.0),)),
+                  selector=BLOB_NAME)]
     if setup.redis_url:
-        cases.append(Case("location-redis", "location:redis=+10ms", Applied(added_ms=(("redis", 10.0),))))
+        cases.append(Case("location-redis", "location:redis=+10ms", Applied(added_ms=(("redis", 10.0),)),
+                          selector="redis"))
     if setup.postgres_url:
+        # No RTT-profile variant here: a profiled SELECT 1 is more than one round trip (the pool's reset).
         cases.append(Case("location-postgres", "location:postgresql=+10ms",
                           Applied(added_ms=(("postgres", 10.0),))))
     if setup.redis_url:  # without Redis the blob service is the cache too, and /kv calls have no size profile
@@ -121,6 +135,30 @@ def _profile_sizes(setup: ForumSetup, store: ProfileStore, sizes: list[int], bud
         for url in (f"{d.blob_url}/blob/1?bytes={{size}}", f"{d.blob_url}/ad?user=1&bytes={{size}}"):
             asyncio.run(profile_target(HttpTarget(url), sizes=sizes, rule=rule, store=store,
                                        note="whatif_accuracy: blob sizes"))
+
+
+def _rtt_target(resource: str, d: Deployment, setup: ForumSetup) -> Any:
+    """One network round trip through the resource's proxy: an HTTP GET /health, a Redis PING, a SELECT 1."""
+    if resource == "blob":
+        target = HttpTarget(f"{d.blob_url}/health", api=RTT_API)
+        target.resource = BLOB_NAME  # the name the app's calls carry, so that the engine picks this profile
+        return target
+    if resource == "redis":
+        return RedisTarget(f"redis://{d.resources['redis']}/{urlsplit(REDIS_URL).path.strip('/')}", "PING",
+                           api=RTT_API)
+    return PostgresTarget(f"postgresql://postgres@{d.resources['postgres']}/test", "SELECT 1", api=RTT_API)
+
+
+def _profile_rtt(setup: ForumSetup, case: Case, store: ProfileStore, budget_s: float = 4.0) -> None:
+    """RTT profiles of the case's resource through its proxy: today's (no label) and ``location=CASE``."""
+    import asyncio
+
+    resource = case.applied.added_ms[0][0]
+    rule = StopRule(rse=0.005, min_count=300, budget_s=budget_s)
+    for applied, labels in ((Applied(), {}), (case.applied, {"location": case.name})):
+        with deploy(setup, applied) as d:
+            asyncio.run(profile_target(_rtt_target(resource, d, setup), labels=labels, rule=rule, store=store,
+                                       note="whatif_accuracy: rtt through the proxy"))
 
 
 def _row(case: Case, route: str, pred: Any, latencies: list[float]) -> dict[str, Any]:
@@ -178,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=max(Console().width, 132))
     began = time.monotonic()
     use_real = not ns.embedded and _reachable(6379) and _reachable(5432)
     # The cache's hit ratio at TTL > 0 depends on the request rate, which every scenario changes: a feedback
@@ -223,20 +261,30 @@ def main(argv: list[str] | None = None) -> int:
         dump_graphs(graphs, work / f"{case.name}.graphs.json", source=str(work))
         status(f"baseline: {len(reqs)} requests -> {len(graphs)} graph variants"
                f"{f' ({len(problems)} left out: {problems[0]})' if problems else ''}; predicting")
-        try:
-            preds = {p.route: p for p in predict(graphs, case.spec, store, ns.samples, rng)}
-        except AnalyzerError as exc:
-            status(f"[red]cannot predict[/]: {type(exc).__name__}: {exc}")
+        variants = [(case, case.spec)]
+        if case.selector:
+            status("measuring the RTT through the proxy at 0 ms and with the delay")
+            _profile_rtt(case_setup, case, store)
+            variants.append((replace(case, name=f"{case.name} (rtt)"), f"location:{case.selector}={case.name}"))
+        predicted = []
+        for variant, spec in variants:
+            try:
+                predicted.append((replace(variant, spec=spec),
+                                  {p.route: p for p in predict(graphs, spec, store, ns.samples, rng)}))
+            except AnalyzerError as exc:
+                status(f"[red]cannot predict {spec}[/]: {type(exc).__name__}: {exc}")
+        if not predicted:
             continue
         errors = sum(t.errors for t in truths)
         if errors:
             status(f"[yellow]{errors} failed requests[/]: {'; '.join(truths[0].error_examples[:2])}")
         measured = _pooled(truths)
         throughput = float(np.mean([t.throughput_rps for t in truths]))
-        for route in ROUTES:
-            if route in preds and measured.get(route):
-                rows.append(_row(case, route, preds[route], measured[route]))
-                rows[-1]["throughput_rps"] = throughput
+        for variant, preds in predicted:
+            for route in ROUTES:
+                if route in preds and measured.get(route):
+                    rows.append(_row(variant, route, preds[route], measured[route]))
+                    rows[-1]["throughput_rps"] = throughput
         _write(ns.out, config, ns, rows, time.monotonic() - began)
         if case.users > 1 and rows:
             # At saturation the loop is busy all the time: 1 / throughput is its time per request, to compare

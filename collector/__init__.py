@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from collector import _runtime
+from collector import _process, _runtime
 from collector._export import CountingExporter, JsonLinesSpanExporter
 from collector._instrumentor import AsyncioCausalityInstrumentor
 from collector._processor import CausalSpanProcessor
@@ -107,7 +107,7 @@ def instrument(
     otlp_http
         Also export over OTLP/HTTP; None: when ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` is set.
     cpu_time
-        Measure each task step's CPU time (two ``thread_time`` syscalls a step); off, ``perfcast.steps.cpu_ns``
+        Measure each task step's CPU time (up to two ``thread_time`` syscalls a step); off, ``perfcast.steps.cpu_ns``
         is left out and readers use the wall time.
     settings
         All of the above at once (overrides them); ``collector.environment.settings_from_env()`` reads them
@@ -188,6 +188,7 @@ def instrument(
         InstrumentationScope("perfcast.collector"),
     )
     AsyncioCausalityInstrumentor().instrument(tracer_provider=provider)
+    _process.start()
     if getattr(trace, "_TRACER_PROVIDER", None) is None:
         trace.set_tracer_provider(provider)
     _active = _Active(provider, processor, counters, settings)
@@ -205,6 +206,7 @@ def uninstrument() -> Summary | None:
         return None
     _active = None
     AsyncioCausalityInstrumentor().uninstrument()
+    _process.finish()
     active.provider.shutdown()
     _runtime.tracer = _runtime.emit = None
     return Summary(

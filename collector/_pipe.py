@@ -38,22 +38,31 @@ def _context(ctx: SpanContext | None) -> tuple[int, int, int, bool] | None:
     return (ctx.trace_id, ctx.span_id, int(ctx.trace_flags), ctx.is_remote)
 
 
+def _plain(attributes: Any) -> dict[str, Any]:
+    # A BoundedAttributes' Mapping methods are Python-level: copy its (private) dict when it has one.
+    raw = getattr(attributes, "_dict", attributes)
+    return dict(raw) if raw else {}
+
+
 def _compact(span: ReadableSpan) -> tuple[Any, ...]:
-    scope = span.instrumentation_scope
+    # Private fields rather than the properties: those wrap each value in a new read-only view or tuple,
+    # and this runs for every span, on a thread that shares the GIL with the event loop.
+    scope = span._instrumentation_scope
+    status = span._status
     return (
-        span.name,
-        _context(span.context),
-        _context(span.parent),
-        span.kind.value,
-        span.start_time,
-        span.end_time,
-        dict(span.attributes or {}),
-        span.status.status_code.value,
-        span.status.description,
+        span._name,
+        _context(span._context),
+        _context(span._parent),
+        span._kind.value,
+        span._start_time,
+        span._end_time,
+        _plain(span._attributes),
+        status.status_code.value,
+        status.description,
         (scope.name, scope.version) if scope is not None else ("", None),
-        [(e.name, e.timestamp, dict(e.attributes or {})) for e in span.events],
-        [(_context(link.context), dict(link.attributes or {})) for link in span.links],
-        id(span.resource),
+        [(e.name, e.timestamp, _plain(e.attributes)) for e in span._events],
+        [(_context(link.context), _plain(link.attributes)) for link in span._links],
+        id(span._resource),
     )
 
 

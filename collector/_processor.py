@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.context import Context
@@ -35,20 +36,16 @@ class CausalSpanProcessor(SpanProcessor):
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
-            attrs = span.attributes or {}
-            rec = _tasks.current()
+            attrs = _raw_attributes(span)
+            rec = _tasks._state.current
             extra: dict[str, Any] = {}
             if rec is not None and A.TASK_ID not in attrs:
                 extra[A.TASK_ID] = rec.id
                 extra[A.TASK_STEP] = rec.n
                 if rec.started is None:
                     rec.started = span
-            scope = (
-                span.instrumentation_scope.name
-                if span.instrumentation_scope is not None
-                else ""
-            )
-            role = _SCOPES.get(scope)
+            scope = span._instrumentation_scope
+            role = _SCOPES.get(scope.name) if scope is not None else None
             kind = attrs.get(A.KIND)
             if role == "request":
                 if span.kind is SpanKind.SERVER:
@@ -86,7 +83,7 @@ class CausalSpanProcessor(SpanProcessor):
             rec = state.rec
             if rec is not None and state in rec.io_stack:
                 rec.io_stack.remove(state)
-            attrs = span.attributes or {}
+            attrs = _raw_attributes(span)
             extra: dict[str, Any] = {}
             if A.IO_RESOURCE not in attrs:
                 extra = _io.io_attributes(state.system, span.name, attrs)
@@ -117,6 +114,16 @@ class CausalSpanProcessor(SpanProcessor):
         return all(
             processor.force_flush(timeout_millis) for processor in self.downstream
         )
+
+
+def _raw_attributes(span: Span) -> Mapping[str, Any]:
+    # Read through the bounded attribute map's (private) dict: its Mapping methods are Python-level and
+    # cost more than the rest of these hooks; the public read-only view when it is not there.
+    bounded = span._attributes
+    raw = getattr(bounded, "_dict", None)
+    if isinstance(raw, dict):
+        return raw
+    return span.attributes or {}
 
 
 def _set_on_ended(span: Span, values: dict[str, Any]) -> None:

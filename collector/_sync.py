@@ -134,9 +134,27 @@ def _raised(obj: Any) -> bool:
     )
 
 
-def _begin(op: str) -> SyncState | None:
-    """A new sync point in the running task, or None when not tracing (outside a task or a trace)."""
+def _in_io(rec: TaskRecord) -> bool:
+    """Whether an I/O span of the task (or of the call it works for) is open: a client library's own sync
+    points inside its call are not written, the graph folds everything inside an I/O call into its node."""
+    stack = rec.io_stack
+    while stack and not stack[-1].open:
+        stack.pop()  # an I/O call inherited from the parent task has ended
+    return bool(stack)
+
+
+def _traced_task() -> TaskRecord | None:
+    """The running task's record when its sync points are written (in a task step, outside I/O calls)."""
     rec = _tasks.current()
+    if rec is None or (rec.io_stack and _in_io(rec)):
+        return None
+    return rec
+
+
+def _begin(op: str) -> SyncState | None:
+    """A new sync point in the running task, or None when not tracing (outside a task or a trace, or inside
+    an I/O call)."""
+    rec = _traced_task()
     if rec is None or _runtime.emit is None:
         return None
     parent = trace.get_current_span().get_span_context()
@@ -239,7 +257,7 @@ def _shield(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 def _wait(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     fs = args[0] if args else kwargs.get("fs")
     if (
-        _tasks.current() is None
+        _traced_task() is None
         or fs is None
         or asyncio.isfuture(fs)
         or asyncio.iscoroutine(fs)
@@ -297,7 +315,7 @@ async def _wait_traced(wrapped: Any, fs: list[Any], *args: Any, **kwargs: Any) -
 
 
 def _wait_for(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    if _tasks.current() is None:
+    if _traced_task() is None:
         return wrapped(*args, **kwargs)
     return _named(_wait_for_traced(wrapped, args, kwargs), wrapped)
 
@@ -351,7 +369,7 @@ _INLINE_OWNERS: set[int] = set()
 def _as_completed(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     fs = args[0] if args else kwargs.get("fs")
     if (
-        _tasks.current() is None
+        _traced_task() is None
         or fs is None
         or asyncio.isfuture(fs)
         or asyncio.iscoroutine(fs)
@@ -419,7 +437,7 @@ async def _as_completed_one(
 
 
 def _timeout_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    rec = _tasks.current()
+    rec = _traced_task()
     if rec is not None and rec.id not in _INLINE_OWNERS:
         st = _safe_begin("timeout")
         if st is not None:
@@ -440,6 +458,11 @@ def _timeout_enter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 def _timeout_exit(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     st = _open.pop(id(instance), None)
     if st is None:
+        return wrapped(*args, **kwargs)
+    if st.timeout_ns is None and instance.when() is None:
+        # No deadline at enter nor now (asyncpg's timeout(None) around each connection reset): it never
+        # fired and cannot fire any more, it raced nothing and the graph has nothing to show for it.
+        st.ended = True
         return wrapped(*args, **kwargs)
     return _named(_timeout_exit_traced(wrapped, instance, args, kwargs, st), wrapped)
 

@@ -89,8 +89,10 @@ class _ThreadState(threading.local):
     """The record of the task whose step is running on this thread, None outside task steps."""
     last_t: int = 0
     """perf_counter_ns at the end of this thread's last recorded step."""
-    last_c: int = 0
-    """thread_time_ns at the end of this thread's last recorded step."""
+    ref_t: int = 0
+    """perf_counter_ns of this thread's last CPU clock reading."""
+    ref_c: int = 0
+    """thread_time_ns of this thread's last CPU clock reading (taken at ``ref_t``)."""
 
 
 _state = _ThreadState()
@@ -107,6 +109,7 @@ _records: dict[int, TaskRecord] = {}
 _ids = itertools.count(1)
 _orig_run: Any = None
 _SHARED_CPU_GAP_NS = 10_000
+_SHORT_STEP_NS = 20_000
 
 
 def record_of(task: object) -> TaskRecord | None:
@@ -174,21 +177,34 @@ def _run(self: asyncio.events.Handle) -> None:
     # and spans stay aligned however the wall clock is slewed; durations from the monotonic counter.
     u0 = rec.step_start_ns = _time_ns()
     t0 = _perf_ns()
-    # Steps that run back to back (one loop iteration's ready queue) share a CPU clock reading: one
-    # syscall per step instead of two; the loop's bookkeeping between them (< _SHARED_CPU_GAP_NS of wall
-    # time) is then counted in the next step's CPU time.
-    c0 = state.last_c if t0 - state.last_t < _SHARED_CPU_GAP_NS else _thread_ns()
+    # The CPU clock is a system call (about 1 us, as much as the rest of this hook), so it is read only
+    # where it can differ from the wall clock: at the start of a step that does not follow another one back
+    # to back (the loop may have waited in select() since the last reading) and at the end of a step that
+    # lasted at least _SHORT_STEP_NS. A shorter step ran on the CPU: the thread can hardly have been
+    # descheduled within it (a time slice lasts far longer), so its CPU time is its wall time. In between,
+    # the thread ran back to back, so the CPU time at a step's start is the last reading plus the wall time
+    # since it.
+    if t0 - state.last_t >= _SHARED_CPU_GAP_NS:
+        state.ref_c = _thread_ns()
+        state.ref_t = t0
     try:
         _orig_run(self)
     finally:
-        c1 = _thread_ns()
         t1 = _perf_ns()
         state.last_t = t1
-        state.last_c = c1
         state.current = prev
+        wall = t1 - t0
+        if wall < _SHORT_STEP_NS:
+            cpu = wall
+        else:
+            c1 = _thread_ns()
+            cpu = c1 - state.ref_c - (t0 - state.ref_t)
+            # min()/max() absorb the two clocks' granularity
+            cpu = wall if cpu > wall else (cpu if cpu > 0 else 0)
+            state.ref_c = c1
+            state.ref_t = t1
         try:
-            # the CPU clock pair is inside the wall clock pair; min() absorbs the two clocks' granularity
-            _end_step(rec, task, ctx, octx0, u0, t1 - t0, min(c1 - c0, t1 - t0))
+            _end_step(rec, task, ctx, octx0, u0, wall, cpu)
         except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("step end")
 

@@ -14,6 +14,8 @@ Kinds of span (``perfcast.kind``):
   which tasks it joined, with what semantics, and how it ended.
 - ``io``: an I/O call (Redis, PostgreSQL, HTTP, SQLite), usually made by a contrib instrumentation, with
   the causal attributes added by the collector.
+- ``process``: one per collection, written when it ends: the process's CPU time (user, system), the loop
+  thread's and the collector's export threads'.
 - ``blocking``: a blocking call made on the event loop thread (``time.sleep``, a synchronous socket or
   sqlite3 call): serial compute, it holds the loop.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 from typing import Final
 
 KIND: Final = "perfcast.kind"
-"""One of ``request``, ``task``, ``sync``, ``io``, ``blocking``."""
+"""One of ``request``, ``task``, ``sync``, ``io``, ``blocking``, ``process``."""
 
 # --- on every span started inside an asyncio task ---------------------------------------------------------
 TASK_ID: Final = "perfcast.task.id"
@@ -125,6 +127,22 @@ IO_REQUEST_BYTES: Final = "perfcast.io.request_bytes"
 
 IO_RESPONSE_BYTES: Final = "perfcast.io.response_bytes"
 """int: bytes read from the network by the call."""
+
+# --- the process span (one per collection, written when it ends) -----------------------------------------
+PROCESS_USER_NS: Final = "perfcast.process.user_ns"
+"""int: user-mode CPU time of the whole process (every thread) over the span, ns."""
+
+PROCESS_SYSTEM_NS: Final = "perfcast.process.system_ns"
+"""int: kernel-mode CPU time of the whole process over the span, ns."""
+
+PROCESS_LOOP_THREAD_NS: Final = "perfcast.process.loop_thread_ns"
+"""int: CPU time of the main thread (the event loop's, usually) over the span, ns."""
+
+PROCESS_EXPORT_NS: Final = "perfcast.process.export_ns"
+"""int: CPU time of the collector's export threads (the SDK's batch processors), ns: not the app's."""
+
+PROCESS_THREADS: Final = "perfcast.process.threads"
+"""int: threads alive when the span was written."""
 
 # --- blocking spans ---------------------------------------------------------------------------------------
 BLOCKING_CALL: Final = "perfcast.blocking.call"

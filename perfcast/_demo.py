@@ -222,7 +222,7 @@ def _print_outcome(console: Console, outcome: ScenarioOutcome) -> None:
 
     table = Table(title=f"{outcome.spec}: predicted (from the baseline) vs measured (applied for real), ms",
                   title_justify="left")
-    table.add_column("route")
+    table.add_column("route", no_wrap=True)
     for side in ("predicted", "measured"):
         for q in ("p50", "p90", "p99", "mean"):
             table.add_column(f"{side[:4]}. {q}", justify="right", style="bold" if side == "predicted" else "")

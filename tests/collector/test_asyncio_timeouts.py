@@ -90,3 +90,21 @@ async def test_sync_points_end_no_later_than_their_resume_step(collected):
         resume = sync.attributes[A.SYNC_RESUME_STEP] - parent[A.STEPS_FIRST]
         assert sync.end_time <= parent[A.STEPS_START_NS][resume], sync.name
         assert sync.start_time <= sync.end_time
+
+
+async def test_timeout_without_a_deadline_is_not_written(collected):
+    with collected.tracer.start_as_current_span("request"):
+        me = _tasks.current().id
+        async with asyncio.timeout(None):
+            await work(0.001)
+    assert collected.sync("timeout") == []
+    assert collected.task(me)[A.STEPS_AWAITS][:1] == ["sleep:1000000"]
+
+
+async def test_timeout_given_a_deadline_inside_is_written(collected):
+    with collected.tracer.start_as_current_span("request"):
+        async with asyncio.timeout(None) as scope:
+            scope.reschedule(asyncio.get_running_loop().time() + 1.0)
+            await work(0.001)
+    (sync,) = collected.sync("timeout")
+    assert sync.attributes[A.SYNC_TIMED_OUT] is False

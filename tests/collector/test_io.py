@@ -107,3 +107,27 @@ async def test_io_awaits_are_tagged(collected, redis_url):
     await client.aclose()
     assert "io" in collected.task(me)[A.STEPS_AWAITS]
     await asyncio.sleep(0)
+
+
+async def test_sync_points_inside_an_io_call_are_not_written(collected, redis_url):
+    from collector import _tasks
+
+    # with a socket timeout redis-py sends through wait_for and reads under asyncio.timeout: its own
+    # sync points, inside the GET span (the graph folds them into the io node)
+    client = aioredis.from_url(redis_url, socket_timeout=5.0)
+    with collected.tracer.start_as_current_span("request"):
+        me = _tasks.current().id
+        await client.get("perfcast:test:x")
+        await asyncio.wait_for(asyncio.sleep(0.001), 1.0)  # outside the call: written
+    await client.aclose()
+    (sync,) = collected.of_kind("sync")
+    assert sync.attributes[A.SYNC_OP] == "wait_for"
+    (get,) = [s for s in io_spans(collected, "redis") if s.attributes[A.IO_OPERATION] == "GET"]
+    assert sync.start_time >= get.end_time
+    # the helper task redis-py made inside the call is still recorded (its CPU is the call's)
+    helpers = [
+        s for s in collected.of_kind("task")
+        if s.attributes[A.TASK_PARENT_ID] == me and get.start_time < s.attributes[A.TASK_CREATED_NS] < get.end_time
+    ]
+    assert helpers and all(set(s.attributes[A.STEPS_AWAITS]) <= {"io", "done"} for s in helpers)
+    assert "io" in collected.task(me)[A.STEPS_AWAITS]

@@ -1,0 +1,92 @@
+"""The ``process`` span: where the process's CPU went during a collection, written once at the end.
+
+Request spans record the event loop's CPU inside compute segments and io calls; the rest of the process's
+CPU (other threads under the GIL, the kernel's work in its syscalls) and the collector's own export thread are
+only visible here. The load simulation needs the first (it contends with requests) and must leave out the
+second (the prediction is for the app without the collector).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+
+from collector import _runtime
+from collector import attributes as A
+
+_EXPORT_THREAD_PREFIX = "OtelBatch"
+"""The OpenTelemetry SDK's batch processors name their worker threads ``OtelBatch<kind>RecordProcessor``."""
+
+
+class ProcessClock:
+    """CPU counters at the start of a collection; :meth:`emit` writes the ``process`` span covering it."""
+
+    def __init__(self) -> None:
+        self.start_ns = time.time_ns()
+        self.times = os.times()
+        self.loop_thread = threading.main_thread().ident
+        self.loop_cpu_ns = _thread_cpu_ns(self.loop_thread)
+
+    def emit(self) -> None:
+        """Hand the span to the export pipeline; call before the pipeline shuts down (its threads still run)."""
+        sink = _runtime.emit
+        if sink is None:
+            return
+        now = os.times()
+        export = sum(_thread_cpu_ns(t.ident) for t in threading.enumerate()
+                     if t.name.startswith(_EXPORT_THREAD_PREFIX))
+        attributes: dict[str, str | int] = {
+            A.KIND: "process",
+            A.PROCESS_USER_NS: round((now.user - self.times.user) * 1e9),
+            A.PROCESS_SYSTEM_NS: round((now.system - self.times.system) * 1e9),
+            A.PROCESS_LOOP_THREAD_NS: max(_thread_cpu_ns(self.loop_thread) - self.loop_cpu_ns, 0),
+            A.PROCESS_EXPORT_NS: export,
+            A.PROCESS_THREADS: threading.active_count(),
+        }
+        context = SpanContext(random.getrandbits(128) or 1, random.getrandbits(64) or 1, is_remote=False,
+                              trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        sink(ReadableSpan(name="process", context=context, parent=None, resource=_runtime.resource,
+                          attributes=attributes, kind=SpanKind.INTERNAL, start_time=self.start_ns,
+                          end_time=time.time_ns(), instrumentation_scope=_runtime.scope))
+
+
+def _thread_cpu_ns(ident: int | None) -> int:
+    """CPU time of a thread of this process (0 when the platform cannot tell)."""
+    if ident is None or not hasattr(time, "pthread_getcpuclockid"):
+        return 0
+    try:
+        return time.clock_gettime_ns(time.pthread_getcpuclockid(ident))
+    except (OSError, OverflowError):
+        return 0
+
+
+_clock: ProcessClock | None = None
+
+
+def start() -> None:
+    """Start measuring (from ``instrument()``) when spans go to a spans file (directly or through the launcher's
+    pipe): the span is for the analyzer, which reads those files."""
+    global _clock
+    if not (_runtime.settings.output or _runtime.settings.span_fd is not None):
+        return
+    try:
+        _clock = ProcessClock()
+    except Exception:  # noqa: BLE001 - inside the user's app: count, never raise
+        _runtime.count_error("process span start")
+
+
+def finish() -> None:
+    """Write the ``process`` span (from ``uninstrument()``, before the export pipeline shuts down)."""
+    global _clock
+    clock, _clock = _clock, None
+    if clock is None:
+        return
+    try:
+        clock.emit()
+    except Exception:  # noqa: BLE001 - inside the user's app: count, never raise
+        _runtime.count_error("process span")

@@ -1,0 +1,50 @@
+"""The ``process`` span: the process's CPU split, written to the spans file when the collection ends."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import collector
+from analyzer.spans import process_cpu, read_spans
+from collector import attributes as A
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_process_span_splits_the_cpu(tmp_path: Path) -> None:
+    collector.instrument(output=tmp_path / "spans.jsonl", quiet=True)
+    try:
+        worker = threading.Thread(target=_burn, args=(0.15,))
+        worker.start()
+
+        async def main() -> None:
+            _burn(0.05)  # on the loop thread
+            await asyncio.sleep(0)
+
+        asyncio.run(main())
+        worker.join()
+    finally:
+        collector.uninstrument()
+    got = read_spans(tmp_path / "spans.jsonl")
+    assert got.problems == ()
+    (cpu,) = process_cpu(got.spans)
+    assert cpu.loop_thread_ms >= 50 * 0.9
+    assert cpu.other_threads_ms >= 150 * 0.9  # the worker thread's CPU is not the loop's
+    assert cpu.user_ms + cpu.system_ms >= cpu.loop_thread_ms + 150 * 0.9
+    assert cpu.export_ms >= 0 and cpu.threads >= 1 and cpu.end_ns > cpu.start_ns
+
+
+def test_only_for_spans_files() -> None:
+    exporter = InMemorySpanExporter()
+    collector.instrument(output=None, exporter=exporter, quiet=True)
+    collector.uninstrument()
+    assert not [s for s in exporter.get_finished_spans() if s.attributes.get(A.KIND) == "process"]
