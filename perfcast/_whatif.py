@@ -96,6 +96,7 @@ def whatif(
 
 def _render(results: list[tuple[Any, list[Any]]], explain: bool) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(width=max(Console().width, 120))
@@ -118,7 +119,7 @@ def _render(results: list[tuple[Any, list[Any]]], explain: bool) -> None:
         console.print(table)
         notes = preds[0].notes if preds else ()
         for note in notes:
-            console.print(f"  [dim]{note}[/dim]", highlight=False)
+            console.print(f"  [dim]{escape(note)}[/dim]", highlight=False)
         if explain:
             for p in preds:
                 for variant, sources in p.sources:
@@ -127,7 +128,7 @@ def _render(results: list[tuple[Any, list[Any]]], explain: bool) -> None:
                     for col in ("node", "kind", "source", "how"):
                         t.add_column(col, overflow="fold")
                     for s in sources:
-                        t.add_row(s.node, s.kind, s.source, s.how)
+                        t.add_row(*(escape(str(x)) for x in (s.node, s.kind, s.source, s.how)))
                     console.print(t)
     console.print("[dim]latencies in ms; baseline = the model without the scenario on the same draws[/dim]")
 
