@@ -18,10 +18,16 @@ aiohttp load client ``python -m examples.forum.load``), then stop it with SIGINT
 CPU time per request over the measured window is reported too: it is less sensitive than throughput to other
 work on the machine. Nothing is pinned: the app, its dependencies and the client all share this machine's cores.
 
+With ``--baseline-collector DIR`` a fourth configuration, ``perfcast-base``, runs the app under the collector
+package found in DIR (an older version) in the same interleaved rounds, so that a change to the collector is
+measured against what it replaces under the same machine conditions.
+
 Usage::
 
     python benchmarks/collector_overhead.py                       # 5 rounds x 10 s
     python benchmarks/collector_overhead.py --rounds 2 --duration 3 --warmup 1   # quick look
+    mkdir /tmp/base && git archive HEAD collector | tar -x -C /tmp/base
+    python benchmarks/collector_overhead.py --configs perfcast --baseline-collector /tmp/base
 """
 
 from __future__ import annotations

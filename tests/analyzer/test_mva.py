@@ -47,6 +47,30 @@ class TestSingleServer:
             for k in range(3):
                 assert result.queue_length[f"s{k}"][n] == pytest.approx(float(q[k]), rel=1e-12)
 
+    # R. Jain, The Art of Computer Systems Performance Analysis (Wiley, 1991), Example 34.2 and Table 34.1:
+    # a timesharing system, CPU S = 0.125 s x 16 visits, disk A 0.3 s x 10, disk B 0.2 s x 5, think time 4 s.
+    # Rows: users, response time (s), throughput (/s), queue lengths CPU, A, B, as printed (three decimals).
+    JAIN_TABLE_34_1 = [
+        (1, 6.000, 0.100, 0.200, 0.300, 0.100),
+        (2, 7.400, 0.175, 0.421, 0.684, 0.193),
+        (3, 9.088, 0.229, 0.651, 1.158, 0.273),
+        (4, 11.051, 0.266, 0.878, 1.721, 0.338),
+        (5, 13.256, 0.290, 1.088, 2.365, 0.388),
+        (17, 47.045, 0.333, 1.974, 13.195, 0.499),
+        (18, 50.032, 0.333, 1.981, 14.187, 0.499),
+        (19, 53.022, 0.333, 1.987, 15.181, 0.500),
+        (20, 56.016, 0.333, 1.991, 16.177, 0.500),
+    ]
+
+    def test_reproduces_a_published_worked_example(self) -> None:
+        stations = (Station("cpu", 0.125 * 16), Station("disk_a", 0.3 * 10), Station("disk_b", 0.2 * 5))
+        result = solve_exact(ClosedModel(stations, 4.0), 20)
+        for n, r, x, q_cpu, q_a, q_b in self.JAIN_TABLE_34_1:
+            assert round(result.response_time_s[n - 1], 3) == pytest.approx(r, abs=1e-9)
+            assert round(result.throughput_per_s[n - 1], 3) == pytest.approx(x, abs=1e-9)
+            for name, q in (("cpu", q_cpu), ("disk_a", q_a), ("disk_b", q_b)):
+                assert round(result.queue_length[name][n - 1], 3) == pytest.approx(q, abs=1e-9)
+
     def test_one_user_sees_no_queue(self) -> None:
         r = solve_exact(model([0.3, 0.2, 0.25], think=2.0), 1)
         assert r.throughput_per_s[0] == pytest.approx(1 / 2.75, rel=1e-14)
