@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
 __all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "WAIT_SCALE_KEY", "BackgroundDemand", "Workload", "background_demand",
+           "background_from_spans",
            "simulate", "simulate_scenario", "wait_scale", "with_background"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -539,6 +540,14 @@ def background_demand(
         The process's CPU per user request (psutil ``cpu_times`` user + system over a run, divided by the
         requests), measured *without* the collector, so that the collector's own CPU is not counted.
     """
+    requests = sum(g.count for g in user_graphs)
+    if requests < 1:
+        raise ValueError("user_graphs hold no request")
+    return BackgroundDemand(process_cpu_ms, _traced_cpu_ms(graphs) / requests)
+
+
+def _traced_cpu_ms(graphs: Sequence[CausalGraph]) -> float:
+    """CPU the graphs' nodes record, summed over their requests: compute segments and io calls' on-loop CPU."""
     traced = 0.0
     for g in graphs:
         for node in g.nodes:
@@ -546,10 +555,7 @@ def background_demand(
                 traced += float(np.sum(node.cpu_ms if node.cpu_ms else node.samples_ms))
             elif node.kind is NodeKind.IO:
                 traced += float(np.sum(node.cpu_ms))
-    requests = sum(g.count for g in user_graphs)
-    if requests < 1:
-        raise ValueError("user_graphs hold no request")
-    return BackgroundDemand(process_cpu_ms, traced / requests)
+    return traced
 
 
 def with_background(
@@ -575,6 +581,33 @@ def with_background(
     extra[BACKGROUND_KEY] = background_ms
     return [CausalGraph(g.route, g.nodes, list(g.dag.edges), variant=g.variant, latency_ms=g.latency_ms,
                         trace_ids=g.trace_ids, meta={**g.meta, **extra}) for g in graphs]
+
+
+def background_from_spans(
+    graphs: Sequence[CausalGraph], requests: Sequence[Any], process: Sequence[Any]
+) -> tuple[list[CausalGraph], BackgroundDemand | None]:
+    """Attach to ``graphs`` the process CPU their spans do not record, measured by the collector itself.
+
+    ``requests`` are the requests the graphs were built from (``analyzer.spans.Request``), ``process`` the
+    collection's ``process`` spans (``analyzer.spans.process_cpu``). The process's CPU over the requests'
+    window (start-up and shut-down left out), without the collector's export threads, divided by the user
+    requests in that window (distinct traces: a call to a service traced in the same process shares its
+    caller's trace), is the demand per user request; what the graphs record of it is subtracted
+    (:func:`background_demand`). The prediction is then for the app as collected: the collector's cost inside
+    the loop's steps stays in; use :func:`with_background` with a measurement without the collector to take
+    it out. Returns the graphs unchanged and ``None`` when the spans have no ``process`` span.
+    """
+    from analyzer.spans import process_cpu_within
+
+    if not requests or not graphs:
+        return list(graphs), None
+    window = (min(r.start_ns for r in requests), max(r.end_ns for r in requests))
+    cpu = process_cpu_within(process, *window)
+    if cpu is None:
+        return list(graphs), None
+    users = len({r.trace_id for r in requests})
+    demand = BackgroundDemand(cpu.app_ms / users, _traced_cpu_ms(graphs) / users)
+    return with_background(graphs, demand), demand
 
 
 def wait_scale(without_ms: Sequence[float], with_ms: Sequence[float]) -> float:

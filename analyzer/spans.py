@@ -41,6 +41,7 @@ __all__ = [
     "assemble_requests",
     "parse_line",
     "process_cpu",
+    "process_cpu_within",
     "read_spans",
     "span_to_otlp",
     "write_spans",
@@ -253,6 +254,39 @@ def process_cpu(spans: Iterable[Span]) -> tuple[ProcessCpu, ...]:
                               ms(A.PROCESS_LOOP_THREAD_NS), ms(A.PROCESS_EXPORT_NS),
                               threads if isinstance(threads, int) else 0))
     return tuple(sorted(out, key=lambda p: p.start_ns))
+
+
+def process_cpu_within(samples: Iterable[ProcessCpu], start_ns: int | None = None,
+                       end_ns: int | None = None) -> ProcessCpu | None:
+    """The process's CPU over ``[start_ns, end_ns]``: the ``process`` spans summed, each weighted by the share of
+    its interval inside the window (the collector writes one per second). ``None`` when no span overlaps.
+
+    >>> a = ProcessCpu(0, 10, 10.0, 0.0, 5.0, 1.0, 3)
+    >>> b = ProcessCpu(10, 20, 20.0, 2.0, 10.0, 1.0, 3)
+    >>> process_cpu_within([a, b], 5, 20).user_ms
+    25.0
+    """
+    parts = list(samples)
+    if not parts:
+        return None
+    lo = min(p.start_ns for p in parts) if start_ns is None else start_ns
+    hi = max(p.end_ns for p in parts) if end_ns is None else end_ns
+    total = [0.0] * 4
+    threads = 0
+    covered: list[int] = []
+    for p in parts:
+        span = p.end_ns - p.start_ns
+        inside = min(p.end_ns, hi) - max(p.start_ns, lo)
+        if inside <= 0 and span > 0:
+            continue
+        share = 1.0 if span <= 0 else inside / span
+        for i, value in enumerate((p.user_ms, p.system_ms, p.loop_thread_ms, p.export_ms)):
+            total[i] += value * share
+        threads = max(threads, p.threads)
+        covered += [max(p.start_ns, lo), min(p.end_ns, hi)]
+    if not covered:
+        return None
+    return ProcessCpu(min(covered), max(covered), *total, threads)
 
 
 # --------------------------------------------------------------------------------------------------------

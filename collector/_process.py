@@ -1,4 +1,8 @@
-"""The ``process`` span: where the process's CPU went during a collection, written once at the end.
+"""The ``process`` spans: where the process's CPU went during a collection, one span per second.
+
+Each span covers the interval since the previous one (the first starts with the collection, the last ends
+with it) and carries the CPU spent in that interval, so the analyzer can take exactly the intervals of its
+measured window and leave out the program's start-up and shut-down.
 
 Request spans record the event loop's CPU inside compute segments and io calls; the rest of the process's
 CPU (other threads under the GIL, the kernel's work in its syscalls) and the collector's own export thread are
@@ -24,35 +28,40 @@ _EXPORT_THREAD_PREFIX = "OtelBatch"
 
 
 class ProcessClock:
-    """CPU counters at the start of a collection; :meth:`emit` writes the ``process`` span covering it."""
+    """CPU counters at the previous sample; :meth:`emit` writes the ``process`` span since then."""
 
     def __init__(self) -> None:
-        self.start_ns = time.time_ns()
-        self.times = os.times()
         self.loop_thread = threading.main_thread().ident
-        self.loop_cpu_ns = _thread_cpu_ns(self.loop_thread)
+        self.start_ns, self.times, self.loop_cpu_ns, self.export_ns = self._read()
+        self.lock = threading.Lock()
+
+    def _read(self) -> tuple[int, os.times_result, int, int]:
+        export = sum(_thread_cpu_ns(t.ident) for t in threading.enumerate()
+                     if t.name.startswith(_EXPORT_THREAD_PREFIX))
+        return time.time_ns(), os.times(), _thread_cpu_ns(self.loop_thread), export
 
     def emit(self) -> None:
         """Hand the span to the export pipeline; call before the pipeline shuts down (its threads still run)."""
         sink = _runtime.emit
         if sink is None:
             return
-        now = os.times()
-        export = sum(_thread_cpu_ns(t.ident) for t in threading.enumerate()
-                     if t.name.startswith(_EXPORT_THREAD_PREFIX))
-        attributes: dict[str, str | int] = {
-            A.KIND: "process",
-            A.PROCESS_USER_NS: round((now.user - self.times.user) * 1e9),
-            A.PROCESS_SYSTEM_NS: round((now.system - self.times.system) * 1e9),
-            A.PROCESS_LOOP_THREAD_NS: max(_thread_cpu_ns(self.loop_thread) - self.loop_cpu_ns, 0),
-            A.PROCESS_EXPORT_NS: export,
-            A.PROCESS_THREADS: threading.active_count(),
-        }
+        with self.lock:
+            now_ns, now, loop_ns, export_ns = self._read()
+            attributes: dict[str, str | int] = {
+                A.KIND: "process",
+                A.PROCESS_USER_NS: round((now.user - self.times.user) * 1e9),
+                A.PROCESS_SYSTEM_NS: round((now.system - self.times.system) * 1e9),
+                A.PROCESS_LOOP_THREAD_NS: max(loop_ns - self.loop_cpu_ns, 0),
+                A.PROCESS_EXPORT_NS: max(export_ns - self.export_ns, 0),
+                A.PROCESS_THREADS: threading.active_count(),
+            }
+            start_ns = self.start_ns
+            self.start_ns, self.times, self.loop_cpu_ns, self.export_ns = now_ns, now, loop_ns, export_ns
         context = SpanContext(random.getrandbits(128) or 1, random.getrandbits(64) or 1, is_remote=False,
                               trace_flags=TraceFlags(TraceFlags.SAMPLED))
         sink(ReadableSpan(name="process", context=context, parent=None, resource=_runtime.resource,
-                          attributes=attributes, kind=SpanKind.INTERNAL, start_time=self.start_ns,
-                          end_time=time.time_ns(), instrumentation_scope=_runtime.scope))
+                          attributes=attributes, kind=SpanKind.INTERNAL, start_time=start_ns,
+                          end_time=now_ns, instrumentation_scope=_runtime.scope))
 
 
 def _thread_cpu_ns(ident: int | None) -> int:
@@ -65,25 +74,46 @@ def _thread_cpu_ns(ident: int | None) -> int:
         return 0
 
 
+INTERVAL_S = 1.0
+"""Seconds covered by each ``process`` span."""
+
 _clock: ProcessClock | None = None
+_stop = threading.Event()
+_sampler: threading.Thread | None = None
+
+
+def _sample_every_interval(clock: ProcessClock) -> None:
+    while not _stop.wait(INTERVAL_S):
+        try:
+            clock.emit()
+        except Exception:  # noqa: BLE001 - inside the user's app: count, never raise
+            _runtime.count_error("process span")
 
 
 def start() -> None:
     """Start measuring (from ``instrument()``) when spans go to a spans file (directly or through the launcher's
-    pipe): the span is for the analyzer, which reads those files."""
-    global _clock
+    pipe): the spans are for the analyzer, which reads those files."""
+    global _clock, _sampler
     if not (_runtime.settings.output or _runtime.settings.span_fd is not None):
         return
     try:
         _clock = ProcessClock()
+        _stop.clear()
+        _sampler = threading.Thread(target=_sample_every_interval, args=(_clock,), name="perfcast-process",
+                                    daemon=True)
+        _sampler.start()
     except Exception:  # noqa: BLE001 - inside the user's app: count, never raise
         _runtime.count_error("process span start")
 
 
 def finish() -> None:
-    """Write the ``process`` span (from ``uninstrument()``, before the export pipeline shuts down)."""
-    global _clock
+    """Write the last ``process`` span (from ``uninstrument()``, before the export pipeline shuts down)."""
+    global _clock, _sampler
     clock, _clock = _clock, None
+    sampler, _sampler = _sampler, None
+    _stop.set()
+    if sampler is not None:
+        sampler.join(timeout=2.0)
     if clock is None:
         return
     try:

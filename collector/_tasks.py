@@ -200,7 +200,7 @@ def _run(self: asyncio.events.Handle) -> None:
             c1 = _thread_ns()
             cpu = c1 - state.ref_c - (t0 - state.ref_t)
             # min()/max() absorb the two clocks' granularity
-            cpu = wall if cpu > wall else (cpu if cpu > 0 else 0)
+            cpu = wall if cpu > wall else max(0, cpu)
             state.ref_c = c1
             state.ref_t = t1
         try:

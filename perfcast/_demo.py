@@ -97,7 +97,8 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     from analyzer.graph import dump_graphs
     from analyzer.predict import predict
     from analyzer.selfcheck import summarize
-    from analyzer.spans import read_spans
+    from analyzer.loadsim import background_from_spans
+    from analyzer.spans import process_cpu, read_spans
     from replayer.groundtruth import BLOB_NAME, Applied, ForumSetup, measure
 
     console = console or Console()
@@ -114,9 +115,11 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
          f"spans in {spans}")
 
     console.rule("[bold]2. causal graphs[/]")
-    reqs = [r for r in read_spans(spans).requests if base.window_ns[0] <= r.start_ns and r.end_ns <= base.window_ns[1]]
+    span_file = read_spans(spans)
+    reqs = [r for r in span_file.requests if base.window_ns[0] <= r.start_ns and r.end_ns <= base.window_ns[1]]
     problems: list[str] = []
     graphs = [g for g in build_graphs(reqs, problems=problems) if g.route in ROUTES]
+    graphs, background = background_from_spans(graphs, reqs, process_cpu(span_file.spans))
     for problem in problems[:3]:
         console.print(f"[yellow]left out:[/] {problem}", highlight=False)
     graphs_file = out / "graphs.json"
@@ -125,6 +128,10 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     _print_graphs(console, graphs, per)
     console.print(f"self-check |evaluated - observed| / observed over {overall.count} requests: median "
                   f"{overall.median:.2%}, p90 {overall.p90:.2%}", highlight=False)
+    if background is not None:
+        console.print(f"process CPU per request {background.process_ms:.2f} ms, recorded on the graphs' nodes "
+                      f"{background.traced_ms:.2f} ms: the rest, {background.background_ms:.2f} ms, contends "
+                      "for the loop under load", highlight=False)
 
     users = 4 if quick else 16
     cases = [

@@ -38,8 +38,9 @@ def graph(spans_file: Path, output: Path, dot: Path | None, strict: bool, check:
 
     from analyzer.build import build_graphs
     from analyzer.graph import NodeKind, dump_graphs, to_dot
+    from analyzer.loadsim import background_from_spans
     from analyzer.selfcheck import self_check
-    from analyzer.spans import read_spans
+    from analyzer.spans import process_cpu, read_spans
 
     out, err = Console(), Console(stderr=True)
     spans = read_spans(spans_file, strict=strict)
@@ -51,6 +52,7 @@ def graph(spans_file: Path, output: Path, dot: Path | None, strict: bool, check:
     if len(shown) < len(problems):
         err.print(f"[yellow]warning:[/] ... and {len(problems) - len(shown)} more (--verbose shows all)",
                   highlight=False)
+    graphs, background = background_from_spans(graphs, spans.requests, process_cpu(spans.spans))
     dump_graphs(graphs, output, source=str(spans_file))
     if dot is not None:
         dot.write_text(to_dot(graphs), encoding="utf-8")
@@ -69,6 +71,10 @@ def graph(spans_file: Path, output: Path, dot: Path | None, strict: bool, check:
                       str(sum(n.kind is NodeKind.IO for n in g.nodes)), f"{np.median(lat):.2f}",
                       f"{np.quantile(lat, 0.99):.2f}", f"{np.median(e):.2%}")
     out.print(table)
+    if background is not None:
+        out.print(f"process CPU per request {background.process_ms:.2f} ms, of which the graphs record "
+                  f"{background.traced_ms:.2f} ms: {background.background_ms:.2f} ms of background CPU "
+                  "(other threads, the kernel) kept for load predictions", highlight=False)
     if show_nodes:
         for g in graphs:
             tree = Tree(f"[bold]{escape(g.route)}[/] variant {g.variant} ({g.count} requests)")

@@ -66,12 +66,14 @@ class LatencyProxy:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stopping: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
+    _overshoot_s: float = 0.0
 
     async def start(self) -> LatencyProxy:
         if not self.upstreams:
             raise ValueError("LatencyProxy needs at least one upstream")
         if self.delay_ms < 0:
             raise ValueError(f"delay_ms must be non-negative, got {self.delay_ms}")
+        self._overshoot_s = _sleep_overshoot_s() if self.delay_ms > 0 else 0.0
         listener = socket.create_server((self.host, self.port), backlog=256)
         listener.settimeout(0.2)
         self._listener = listener
@@ -155,7 +157,7 @@ class LatencyProxy:
     def _pump(self, src: socket.socket, dst: socket.socket, delay_s: float, done: threading.Barrier) -> None:
         """Copy src -> dst, releasing each chunk ``delay_s`` after it arrived (order kept)."""
         chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
-        releaser = threading.Thread(target=self._release, args=(chunks, dst), daemon=True)
+        releaser = threading.Thread(target=self._release, args=(chunks, dst, self._overshoot_s), daemon=True)
         releaser.start()
         try:
             while True:
@@ -174,10 +176,10 @@ class LatencyProxy:
                 self._close(src, dst)
 
     @staticmethod
-    def _release(chunks: queue.SimpleQueue[tuple[float, bytes]], dst: socket.socket) -> None:
+    def _release(chunks: queue.SimpleQueue[tuple[float, bytes]], dst: socket.socket, overshoot_s: float) -> None:
         while True:
             due, chunk = chunks.get()
-            wait = due - time.monotonic()
+            wait = due - time.monotonic() - overshoot_s
             if wait > 0:
                 time.sleep(wait)
             if not chunk:
@@ -193,3 +195,14 @@ class LatencyProxy:
                 while chunks.get()[1]:
                     pass
                 return
+
+
+def _sleep_overshoot_s(trials: int = 15) -> float:
+    """Median time ``time.sleep`` oversleeps on this machine now: subtracted so a delay is the delay asked for."""
+    late = []
+    for _ in range(trials):
+        start = time.monotonic()
+        time.sleep(0.002)
+        late.append(time.monotonic() - start - 0.002)
+    late.sort()
+    return max(late[len(late) // 2], 0.0)

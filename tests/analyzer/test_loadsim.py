@@ -182,3 +182,30 @@ def test_io_nodes_carry_their_loop_cpu(tmp_path: Path) -> None:
     dump_graphs([g], tmp_path / "g.json")
     (back,) = load_graphs(tmp_path / "g.json")
     assert back.node("root/io0").cpu_ms == pytest.approx((0.35,))
+
+
+def test_background_from_spans_takes_the_window_and_subtracts_what_the_graphs_record() -> None:
+    from types import SimpleNamespace
+
+    from analyzer.graph import CausalGraph, Node, NodeKind
+    from analyzer.loadsim import BACKGROUND_KEY, background_from_spans
+    from analyzer.spans import ProcessCpu
+
+    ms = 1_000_000
+    # two requests, each 2 ms of recorded compute; the process spent 10 ms per request in the window
+    graph = CausalGraph("GET /", [Node("start", NodeKind.START, (0.0, 0.0)),
+                                  Node("c", NodeKind.COMPUTE, (2.0, 2.0), cpu_ms=(2.0, 2.0)),
+                                  Node("end", NodeKind.END, (0.0, 0.0))],
+                        [("start", "c"), ("c", "end")], latency_ms=(2.0, 2.0))
+    requests = [SimpleNamespace(trace_id="a", start_ns=100 * ms, end_ns=110 * ms),
+                SimpleNamespace(trace_id="b", start_ns=150 * ms, end_ns=200 * ms)]
+    process = [ProcessCpu(0, 100 * ms, 500.0, 0.0, 400.0, 0.0, 2),       # start-up: outside the window
+               ProcessCpu(100 * ms, 200 * ms, 20.0, 2.0, 15.0, 2.0, 2)]  # 22 ms, 2 of them the exporter's
+    (out,), demand = background_from_spans([graph], requests, process)
+    assert demand is not None
+    assert demand.process_ms == pytest.approx(10.0)
+    assert demand.traced_ms == pytest.approx(2.0)
+    assert out.meta[BACKGROUND_KEY] == pytest.approx(8.0)
+    # no process span: unchanged, and said so
+    same, none = background_from_spans([graph], requests, [])
+    assert none is None and BACKGROUND_KEY not in same[0].meta

@@ -122,12 +122,18 @@ async def test_sync_points_inside_an_io_call_are_not_written(collected, redis_ur
     await client.aclose()
     (sync,) = collected.of_kind("sync")
     assert sync.attributes[A.SYNC_OP] == "wait_for"
-    (get,) = [s for s in io_spans(collected, "redis") if s.attributes[A.IO_OPERATION] == "GET"]
+    (get,) = [
+        s for s in io_spans(collected, "redis") if s.attributes[A.IO_OPERATION] == "GET"
+    ]
     assert sync.start_time >= get.end_time
     # the helper task redis-py made inside the call is still recorded (its CPU is the call's)
     helpers = [
-        s for s in collected.of_kind("task")
-        if s.attributes[A.TASK_PARENT_ID] == me and get.start_time < s.attributes[A.TASK_CREATED_NS] < get.end_time
+        s
+        for s in collected.of_kind("task")
+        if s.attributes[A.TASK_PARENT_ID] == me
+        and get.start_time < s.attributes[A.TASK_CREATED_NS] < get.end_time
     ]
-    assert helpers and all(set(s.attributes[A.STEPS_AWAITS]) <= {"io", "done"} for s in helpers)
+    assert helpers and all(
+        set(s.attributes[A.STEPS_AWAITS]) <= {"io", "done"} for s in helpers
+    )
     assert "io" in collected.task(me)[A.STEPS_AWAITS]

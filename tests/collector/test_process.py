@@ -10,7 +10,7 @@ from pathlib import Path
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import collector
-from analyzer.spans import process_cpu, read_spans
+from analyzer.spans import process_cpu, process_cpu_within, read_spans
 from collector import attributes as A
 
 
@@ -36,7 +36,8 @@ def test_process_span_splits_the_cpu(tmp_path: Path) -> None:
         collector.uninstrument()
     got = read_spans(tmp_path / "spans.jsonl")
     assert got.problems == ()
-    (cpu,) = process_cpu(got.spans)
+    cpu = process_cpu_within(process_cpu(got.spans))
+    assert cpu is not None
     assert cpu.loop_thread_ms >= 50 * 0.9
     assert cpu.other_threads_ms >= 150 * 0.9  # the worker thread's CPU is not the loop's
     assert cpu.user_ms + cpu.system_ms >= cpu.loop_thread_ms + 150 * 0.9
@@ -48,3 +49,24 @@ def test_only_for_spans_files() -> None:
     collector.instrument(output=None, exporter=exporter, quiet=True)
     collector.uninstrument()
     assert not [s for s in exporter.get_finished_spans() if s.attributes.get(A.KIND) == "process"]
+
+
+def test_one_span_per_interval_covering_the_collection(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from collector import _process
+
+    monkeypatch.setattr(_process, "INTERVAL_S", 0.05)
+    collector.instrument(output=tmp_path / "spans.jsonl", quiet=True)
+    try:
+        _burn(0.3)
+        time.sleep(0.2)
+    finally:
+        collector.uninstrument()
+    samples = process_cpu(read_spans(tmp_path / "spans.jsonl").spans)
+    assert len(samples) >= 4
+    # contiguous intervals: each starts where the previous ended
+    assert all(a.end_ns == b.start_ns for a, b in zip(samples, samples[1:]))
+    whole = process_cpu_within(samples)
+    assert whole is not None and whole.loop_thread_ms >= 300 * 0.9
+    # a window holding only the idle end sees little of the burn
+    tail = process_cpu_within(samples, samples[-1].end_ns - 100_000_000, samples[-1].end_ns)
+    assert tail is not None and tail.loop_thread_ms < whole.loop_thread_ms / 2

@@ -32,6 +32,32 @@ async def test_compute_steps_have_wall_at_least_cpu(collected):
     assert starts == sorted(starts) and starts[1] >= starts[0] + walls[0]
 
 
+async def test_a_step_off_the_cpu_is_measured_by_the_cpu_clock(collected):
+    with collected.tracer.start_as_current_span("request"):
+        me = _tasks.current().id
+        await asyncio.sleep(0)
+        # the loop thread sleeps: 30 ms of wall time, almost no CPU time
+        time.sleep(0.03)  # noqa: ASYNC251 - on purpose
+        await asyncio.sleep(0)
+    steps = collected.task(me)
+    walls, cpus = steps[A.STEPS_WALL_NS], steps[A.STEPS_CPU_NS]
+    assert walls[1] >= 30_000_000 and cpus[1] < walls[1] - 20_000_000
+
+
+async def test_short_steps_count_their_wall_time_as_cpu(collected):
+    with collected.tracer.start_as_current_span("request"):
+        me = _tasks.current().id
+        for _ in range(50):
+            await asyncio.sleep(0)
+    steps = collected.task(me)
+    short = [
+        (w, c)
+        for w, c in zip(steps[A.STEPS_WALL_NS], steps[A.STEPS_CPU_NS], strict=True)
+        if w < _tasks._SHORT_STEP_NS
+    ]
+    assert short and all(c == w for w, c in short)
+
+
 async def test_untraced_steps_are_not_recorded(collected):
     await asyncio.sleep(0)
     collected.stop()
