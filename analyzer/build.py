@@ -505,21 +505,30 @@ class _Builder:
 
     def _spawn_edge(self, task: TaskLife, first: _Obs, edges: set[tuple[str, str]]) -> None:
         parent_seq = self.seq.get(task.parent_id)
+        parent = self.req.tasks.get(task.parent_id)
+        spawn_step = parent.step(task.spawn_step) if parent is not None else None
+        # The creation time, but never after the end of the step that created the task (the step index is
+        # exact; the two clocks may disagree by a few microseconds).
+        created = task.created_ns if spawn_step is None else min(task.created_ns, spawn_step.end_ns)
         pred: _Obs | None = None
         if parent_seq:
             for node in parent_seq:
-                if node.start_ns <= task.created_ns:
+                if node.start_ns <= created:
                     pred = node
-                if node.start_ns <= task.created_ns <= node.end_ns and node.kind is NodeKind.COMPUTE:
+                if node.start_ns <= created <= node.end_ns and node.kind is NodeKind.COMPUTE:
                     pred = node
                     break
             pred = pred or parent_seq[0]
+            if pred.kind in (NodeKind.SYNC, NodeKind.TIMER):
+                # Created inside the call that starts the sync point (shield, wait_for, gather wrap their
+                # coroutines in tasks after the compute node is cut at the call): it comes from the compute
+                # before the sync point, which waits for it; an edge from the sync point would make a cycle.
+                before = parent_seq[: parent_seq.index(pred)]
+                pred = next((n for n in reversed(before) if n.kind is NodeKind.COMPUTE), pred)
         pred_id = pred.id if pred else "start"
         edges.add((pred_id, first.id))
         # The task could run once the parent's step that created it ended: the wait for the loop until then
         # is part of its first node (measured from the parent's step, not from the predecessor chosen here).
-        parent = self.req.tasks.get(task.parent_id)
-        spawn_step = parent.step(task.spawn_step) if parent is not None else None
         if spawn_step is not None:
             ready_from = spawn_step.end_ns
         else:

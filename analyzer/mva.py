@@ -329,7 +329,6 @@ def _assemble(method: str, model: ClosedModel, users: int, demands: FloatArray) 
     delay = model.think_time_s + float(demands[~is_queue].sum())
     throughput, queue = _exact_core(demands[active], servers[active], delay, users)
     assert queue is not None
-    n = np.arange(1, users + 1)
     queue_length: dict[str, FloatArray] = {}
     utilization: dict[str, FloatArray] = {}
     demand_s: dict[str, FloatArray] = {}
@@ -341,18 +340,7 @@ def _assemble(method: str, model: ClosedModel, users: int, demands: FloatArray) 
             queue_length[s.name] = next(rows) if act else np.zeros(users)
         else:
             queue_length[s.name] = d * throughput
-    return MVAResult(
-        method=method,
-        users=n,
-        throughput_per_s=throughput,
-        response_time_s=n / throughput - model.think_time_s,
-        utilization=utilization,
-        demand_s=demand_s,
-        think_time_s=model.think_time_s,
-        bottleneck=_bottleneck(utilization, demand_s),
-        queue_length=queue_length,
-        residence_time_s={k: v / throughput for k, v in queue_length.items()},
-    )
+    return _result(method, model, throughput, utilization, demand_s, queue_length)
 
 
 def exact_throughput(demands: FloatArray, servers: npt.NDArray[np.int64], delay_s: float, users: int) -> FloatArray:
@@ -421,18 +409,24 @@ def solve_schweitzer(model: ClosedModel, users: int, *, tolerance: float = 1e-10
     }
     demand_s = {s.name: np.full(users, demands[k]) for k, s in enumerate(model.stations)}
     queue_length = {s.name: q[:, k].copy() for k, s in enumerate(model.stations)}
-    nn = n[:, 0]
+    return _result("schweitzer", model, throughput, utilization, demand_s, queue_length)
+
+
+def _result(method: str, model: ClosedModel, throughput: FloatArray, utilization: dict[str, FloatArray],
+            demand_s: dict[str, FloatArray], queue_length: dict[str, FloatArray] | None = None) -> MVAResult:
+    """An :class:`MVAResult` for n = 1..len(throughput): response times from Little's law, R = n / X - Z."""
+    n = np.arange(1, throughput.size + 1)
     return MVAResult(
-        method="schweitzer",
-        users=np.arange(1, users + 1),
+        method=method,
+        users=n,
         throughput_per_s=throughput,
-        response_time_s=nn / throughput - model.think_time_s,
+        response_time_s=n / throughput - model.think_time_s,
         utilization=utilization,
         demand_s=demand_s,
         think_time_s=model.think_time_s,
         bottleneck=_bottleneck(utilization, demand_s),
         queue_length=queue_length,
-        residence_time_s={k: v / throughput for k, v in queue_length.items()},
+        residence_time_s=None if queue_length is None else {k: v / throughput for k, v in queue_length.items()},
     )
 
 

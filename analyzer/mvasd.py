@@ -33,8 +33,8 @@ from scipy.interpolate import CubicSpline
 from analyzer.errors import ModelError, ModelFileError
 from analyzer.mva import (
     MVAResult,
-    _bottleneck,
     _check_users,
+    _result,
     exact_throughput,
     exact_throughput_at,
 )
@@ -161,16 +161,7 @@ def solve_mvasd(model: ClosedModel, users: int) -> MVAResult:
         s.name: demands[k] * throughput / s.servers for k, s in enumerate(stations) if is_queue[k]
     }
     demand_s = {s.name: demands[k].copy() for k, s in enumerate(stations)}
-    return MVAResult(
-        method="mvasd",
-        users=np.arange(1, users + 1),
-        throughput_per_s=throughput,
-        response_time_s=n / throughput - model.think_time_s,
-        utilization=utilization,
-        demand_s=demand_s,
-        think_time_s=model.think_time_s,
-        bottleneck=_bottleneck(utilization, demand_s),
-    )
+    return _result("mvasd", model, throughput, utilization, demand_s)
 
 
 def _throughput(demands: FloatArray, servers: npt.NDArray[np.int64], is_queue: npt.NDArray[np.bool_], think: float, n: int) -> float:

@@ -49,7 +49,7 @@ from analyzer.accuracy import cdf_deviation
 from analyzer.build import build_graphs
 from analyzer.loadsim import background_demand, wait_scale, with_background
 from analyzer.predict import predict, select_routes
-from analyzer.spans import process_cpu, read_spans
+from analyzer.spans import process_cpu, process_cpu_within, read_spans
 from examples.forum.load import LoadResult, run_load_subprocess
 from replayer.groundtruth import route_of
 
@@ -167,8 +167,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             end = time.time_ns()
         got = read_spans(spans)
         reqs += [r for r in got.requests if begin <= r.start_ns and r.end_ns <= end]
-        for p in process_cpu(got.spans):  # the collector's own figures, over the whole run (warm-up included)
-            n = max(sum(1 for r in got.requests if r.route in ROUTES), 1)
+        # the collector's own figures over the measured window (one process span per second, summed)
+        p = process_cpu_within(process_cpu(got.spans), begin, end)
+        if p is not None:
+            n = max(sum(1 for r in got.requests if r.route in ROUTES and begin <= r.start_ns <= end), 1)
             splits.append({"loop_thread_ms": p.loop_thread_ms / n, "other_threads_ms": p.other_threads_ms / n,
                            "export_ms": p.export_ms / n, "user_ms": p.user_ms / n, "system_ms": p.system_ms / n})
             print(f"collected run {rep + 1}: per user request, loop thread {p.loop_thread_ms / n:.2f} ms, other "

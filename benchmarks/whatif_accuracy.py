@@ -39,6 +39,7 @@ from analyzer.accuracy import cdf_deviation
 from analyzer.build import build_graphs
 from analyzer.errors import AnalyzerError
 from analyzer.graph import dump_graphs
+from analyzer.loadsim import background_from_spans
 from analyzer.predict import predict
 from analyzer.profiles import RTT_API, ProfileStore
 from analyzer.profiling import (
@@ -48,7 +49,7 @@ from analyzer.profiling import (
     StopRule,
     profile_target,
 )
-from analyzer.spans import read_spans
+from analyzer.spans import process_cpu, read_spans
 from replayer.groundtruth import (
     BLOB_NAME,
     Applied,
@@ -258,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         reqs = [req for b in bases for req in _window_requests(b)]
         problems: list[str] = []
         graphs = [g for g in build_graphs(reqs, problems=problems) if g.route in ROUTES]
+        process = [c for b in bases for path in b.spans for c in process_cpu(read_spans(path).spans)]
+        graphs, _ = background_from_spans(graphs, reqs, process)
         dump_graphs(graphs, work / f"{case.name}.graphs.json", source=str(work))
         status(f"baseline: {len(reqs)} requests -> {len(graphs)} graph variants"
                f"{f' ({len(problems)} left out: {problems[0]})' if problems else ''}; predicting")

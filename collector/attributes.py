@@ -14,8 +14,8 @@ Kinds of span (``perfcast.kind``):
   which tasks it joined, with what semantics, and how it ended.
 - ``io``: an I/O call (Redis, PostgreSQL, HTTP, SQLite), usually made by a contrib instrumentation, with
   the causal attributes added by the collector.
-- ``process``: one per collection, written when it ends: the process's CPU time (user, system), the loop
-  thread's and the collector's export threads'.
+- ``process``: one per second of the collection (contiguous intervals): the process's CPU time (user,
+  system), the loop thread's and the collector's export threads' during the interval.
 - ``blocking``: a blocking call made on the event loop thread (``time.sleep``, a synchronous socket or
   sqlite3 call): serial compute, it holds the loop.
 """
@@ -128,7 +128,7 @@ IO_REQUEST_BYTES: Final = "perfcast.io.request_bytes"
 IO_RESPONSE_BYTES: Final = "perfcast.io.response_bytes"
 """int: bytes read from the network by the call."""
 
-# --- the process span (one per collection, written when it ends) -----------------------------------------
+# --- the process spans (one per second of the collection, contiguous intervals) ---------------------------
 PROCESS_USER_NS: Final = "perfcast.process.user_ns"
 """int: user-mode CPU time of the whole process (every thread) over the span, ns."""
 

@@ -16,7 +16,7 @@ from collector._launcher import child_environment, run
     "--output",
     default="spans.jsonl",
     show_default=True,
-    help="OTLP JSON-lines file to write.",
+    help="OTLP JSON-lines file to write; spans are appended when it exists, as the OpenTelemetry Collector's file exporter does.",
 )
 @click.option(
     "--max-queue",

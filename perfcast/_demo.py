@@ -95,9 +95,9 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     from analyzer.accuracy import cdf_deviation
     from analyzer.build import build_graphs
     from analyzer.graph import dump_graphs
+    from analyzer.loadsim import background_from_spans
     from analyzer.predict import predict
     from analyzer.selfcheck import summarize
-    from analyzer.loadsim import background_from_spans
     from analyzer.spans import process_cpu, read_spans
     from replayer.groundtruth import BLOB_NAME, Applied, ForumSetup, measure
 

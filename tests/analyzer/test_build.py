@@ -390,3 +390,20 @@ async def test_real_collector_spans_pass_the_self_check(tmp_path: Path, redis_ur
     fired = [v for v in graphs if v.node("root/wait_for#3").extra["won_by"] == "root/wait_for#3/timer"]
     assert timed_out >= 2 and [v.count for v in fired] == [timed_out]
     assert all(v.node("root/wait#2").extra["won_by"] == "root/wait#2[0]/c1" for v in graphs)  # the fast replica
+
+
+def test_task_created_as_its_parent_suspends_comes_from_the_compute_before_the_sync(tmp_path: Path) -> None:
+    # shield() wraps the coroutine in a task in the step that then suspends on the sync point; the creation
+    # clock may read a little after that step's end: the graph must still come from the compute before the
+    # sync point (an edge from the sync point itself would make a cycle).
+    t = Trace("GET /shield")
+    t.request(0, 6, 1)
+    t.task(1, [(0, 1.0, "sync:7"), (5.0, 0.5, "done")])
+    t.sync(7, "shield", "all", [2], task=1, step=0, start=0.9, end=5.0, resume_step=1)
+    t.task(2, [(1.2, 0.3, "io"), (4.5, 0.3, "done")], parent=1, spawn_step=0, created=1.04)
+    t.io(2, 0, 1.3, 4.6)
+    [g] = graphs_of(tmp_path, t)
+    assert nx.is_directed_acyclic_graph(g.dag)
+    assert preds(g, "root/shield#0[0]/c0") == {"root/c0"}
+    assert "root/shield#0[0]/c1" in preds(g, "root/shield#0")
+    assert self_check(g).max() < 0.05
