@@ -448,7 +448,7 @@ def simulate_scenario(
     if calibrated_nodes:
         factors = sorted({round(float(g.meta[CPU_SCALE_KEY]), 3) for g in graphs if CPU_SCALE_KEY in g.meta})
         notes.append(f"calibrated CPU: {calibrated_nodes} compute nodes hold the loop for their CPU time x "
-                     f"{', '.join(map(str, factors))} (the process's CPU measured without the collector)")
+                     f"{', '.join(map(str, factors))} (min(1, the process's measured CPU / the CPU the nodes record))")
     if io_cpu_nodes:
         notes.append(f"{io_cpu_nodes} io nodes hold the loop for their recorded CPU (the client library's work "
                      "before and after the wait); only the rest of the call overlaps")
@@ -504,7 +504,8 @@ class BackgroundDemand:
     """A process's CPU per user request, and the part of it the requests' spans record."""
 
     process_ms: float
-    """The process's CPU time (user + system, every thread) per user request, measured without the collector."""
+    """The process's CPU time (user + system, every thread) per user request: measured without the collector
+    (psutil) to predict the app without it, or by the collector's ``process`` spans to predict it as collected."""
     traced_ms: float
     """CPU recorded on requests' nodes per user request: compute segments and io calls' on-loop CPU, over
     every traced route (the services a user request calls in the same process included)."""

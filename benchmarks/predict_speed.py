@@ -1,6 +1,6 @@
 """How fast the what-if engine predicts, and how it scales with graph size.
 
-Goals (issue 3): a 200-node graph with 60 sync points and 10,000 samples per node in under 20 ms; a
+Goals: a 200-node graph with 60 sync points and 10,000 samples per node in under 20 ms; a
 10,000-node graph in under 1 s. Synthetic graphs shaped like WebPerf's (section 6: 182 nodes, 62 sync points
 on average): a chain of fork/join blocks, each fanning out to 2-4 branches of io and compute nodes and
 joining with gather (all), wait(FIRST_COMPLETED) (any) or as_completed (k-th).
