@@ -44,7 +44,7 @@ from analyzer.errors import GraphError
 from analyzer.graph import CausalGraph, Node, NodeKind, WaitMode
 from analyzer.spans import IoCall, Request, Span, SpanFile, Step, SyncPoint, TaskLife, assemble_requests
 
-__all__ = ["RequestGraph", "build_graphs", "request_graph"]
+__all__ = ["POOLS_KEY", "RequestGraph", "build_graphs", "observed_pools", "request_graph"]
 
 # Children of these ops are named by creation rank rather than argument index: their argument is a set.
 _SET_OPS = frozenset({"wait", "as_completed"})
@@ -150,7 +150,45 @@ def build_graphs(
         variants = sorted(by_route[route], key=lambda m: (-len(m), m[0].request.start_ns))
         for number, members in enumerate(variants):
             graphs.append(_merge(route, number, members))
+    pools = observed_pools(rg.request for members in groups.values() for rg in members)
+    if pools:
+        for graph in graphs:
+            graph.meta[POOLS_KEY] = dict(pools)
     return graphs
+
+
+POOLS_KEY = "pools"
+"""Graph ``meta`` key: resource -> the most calls seen in flight to it at once, for resources whose callers
+waited for a slot (a connection pool): :func:`observed_pools`."""
+
+
+def observed_pools(requests: Iterable[Request]) -> dict[str, int]:
+    """Connection pools the spans reveal: resource -> the most calls in flight to it at once.
+
+    A resource counts when some task waited on an unattributed future (``future``) in the step right before
+    it called that resource: waiting for a free connection. Its limit is then the largest number of calls to it
+    that overlapped in one request; the what-if engine enforces it (the way WebPerf reshapes its graphs for
+    concurrency limits), so that slower calls also make the pool's queue longer. Resources no one waited for
+    are left out: nothing shows their limit was reached.
+    """
+    waited: set[str] = set()
+    most: dict[str, int] = {}
+    for req in requests:
+        for io in req.ios:
+            task = req.tasks.get(io.task_id)
+            before = task.step(io.task_step - 1) if task is not None and io.task_step > 0 else None
+            if before is not None and before.awaits == "future":
+                waited.add(io.resource)
+        by_resource: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for io in req.ios:
+            by_resource[io.resource] += [(io.start_ns, 1), (io.end_ns, -1)]
+        for resource, points in by_resource.items():
+            level = peak = 0
+            for _, d in sorted(points):  # an end sorts before a start at the same instant
+                level += d
+                peak = max(peak, level)
+            most[resource] = max(most.get(resource, 0), peak)
+    return {r: most[r] for r in sorted(waited) if most.get(r, 0) > 0}
 
 
 def _is_acyclic(edges: Iterable[tuple[str, str]]) -> bool:

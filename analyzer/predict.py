@@ -39,7 +39,9 @@ from analyzer.distribution import DagPlan, Distribution, Rows, compile_dag, eval
 from analyzer.errors import GraphError, ProfileError, ScenarioError
 from analyzer.graph import CausalGraph, Node, NodeKind
 from analyzer.scenario import (
+    Failure,
     Interference,
+    Load,
     Location,
     Scenario,
     Size,
@@ -201,6 +203,7 @@ def predict(
         if graph not in _COMPILED:  # validated when first compiled
             graph.validate()
     check_resources(scenario, graphs)
+    scenario, pool_note = _with_observed_pools(scenario, graphs)
     routes: dict[str, list[CausalGraph]] = {}
     for graph in graphs:
         routes.setdefault(graph.route, []).append(graph)
@@ -216,7 +219,7 @@ def predict(
     columns = {id(g): max(allocation[id(g)], min(samples, 4096) if scenario.needs_simulation else 1)
                for g in graphs}
     models = {id(g): node_durations(g, scenario, graphs, store, columns[id(g)], rng) for g in graphs}
-    notes = _scenario_notes(scenario, graphs)
+    notes = _scenario_notes(scenario, graphs) + ([pool_note] if pool_note else [])
     if scenario.needs_simulation:
         from analyzer.loadsim import simulate_scenario
 
@@ -257,6 +260,37 @@ def predict(
             notes=tuple(notes),
         ))
     return out
+
+
+def _with_observed_pools(scenario: Scenario, graphs: Sequence[CausalGraph]) -> tuple[Scenario, str]:
+    """Enforce the connection pools the spans revealed (graph ``meta["pools"]``, see
+    :func:`analyzer.build.observed_pools`) when the scenario changes I/O latencies.
+
+    A slower database holds each pooled connection longer, so requests that fan out wider than the pool queue
+    for connections longer too: the recorded waits for a free connection cannot say how much. A scenario that
+    touches I/O is therefore simulated (one user when it has no ``load:`` of its own) with those limits, unless
+    the scenario sets a ``pool.R`` itself.
+    """
+    from dataclasses import replace
+
+    pools: dict[str, int] = {}
+    for graph in graphs:
+        for resource, limit in (graph.meta.get("pools") or {}).items():
+            if isinstance(limit, int) and limit > 0:
+                pools[resource] = max(pools.get(resource, 0), limit)
+    touches_io = any(isinstance(c, (Location, Tier, Size, Failure)) for c in scenario.changes)
+    if not pools or not (touches_io or scenario.load is not None):
+        return scenario, ""
+    load = scenario.load or Load(users=1)
+    given = {r for r, _ in load.pools}
+    added = tuple((r, n) for r, n in sorted(pools.items()) if r not in given)
+    if not added:
+        return scenario, ""
+    load = replace(load, pools=load.pools + added)
+    changes = tuple(c for c in scenario.changes if not isinstance(c, Load)) + (load,)
+    note = ("connection pools seen in the spans (callers waited for a slot), enforced: "
+            + ", ".join(f"{r} at most {n} calls in flight" for r, n in added))
+    return replace(scenario, changes=changes), note
 
 
 def _scenario_notes(scenario: Scenario, graphs: Sequence[CausalGraph]) -> list[str]:

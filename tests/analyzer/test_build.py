@@ -407,3 +407,33 @@ def test_task_created_as_its_parent_suspends_comes_from_the_compute_before_the_s
     assert preds(g, "root/shield#0[0]/c0") == {"root/c0"}
     assert "root/shield#0[0]/c1" in preds(g, "root/shield#0")
     assert self_check(g).max() < 0.05
+
+
+def _pool_request(*, waited: bool) -> Trace:
+    # three tasks query PostgreSQL; two run at once, the third waits for a connection (a `future`) first
+    pg = "postgresql://127.0.0.1:5432/test"
+    t = Trace("GET /pool")
+    t.request(0, 12, 1)
+    t.task(1, [(0, 0.5, "sync:9"), (11.0, 0.5, "done")])
+    t.sync(9, "gather", "all", [2, 3, 4], task=1, step=0, start=0.4, end=11.0, resume_step=1)
+    for tid, begin in ((2, 0.6), (3, 0.7)):
+        t.task(tid, [(begin, 0.1, "io"), (5.0, 0.1, "done")], parent=1, spawn_step=0)
+        t.io(tid, 0, begin + 0.05, 5.0, system="postgresql", op="SELECT t", resource=pg)
+    t.task(4, [(0.8, 0.1, "future" if waited else "sleep:0"), (5.2, 0.1, "io"), (10.5, 0.1, "done")],
+           parent=1, spawn_step=0)
+    t.io(4, 1, 5.25, 10.5, system="postgresql", op="SELECT t", resource=pg)
+    return t
+
+
+def test_pools_are_seen_where_callers_waited_for_a_slot(tmp_path: Path) -> None:
+    from analyzer.build import POOLS_KEY, observed_pools
+
+    got = read_spans(write(tmp_path / "spans.jsonl", _pool_request(waited=True)))
+    assert observed_pools(got.requests) == {"postgresql://127.0.0.1:5432/test": 2}
+    [g] = build_graphs(got)
+    assert g.meta[POOLS_KEY] == {"postgresql://127.0.0.1:5432/test": 2}
+    # the same overlap without anyone waiting shows no limit
+    got = read_spans(write(tmp_path / "other.jsonl", _pool_request(waited=False)))
+    assert observed_pools(got.requests) == {}
+    [g] = build_graphs(got)
+    assert POOLS_KEY not in g.meta

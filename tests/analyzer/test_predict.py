@@ -318,3 +318,27 @@ def test_load_mixes_variants_by_request_count() -> None:
     for dist in (p.predicted, p.baseline):
         share = float(np.mean(dist.samples_ms == 10.0))
         assert 0.21 < share < 0.29
+
+
+def test_observed_pool_makes_slower_calls_queue_for_connections() -> None:
+    # four 10 ms queries in parallel through a pool of 2 seen in the spans: +10 ms per round trip costs each
+    # wave 10 ms, and the two waves queue, so the request gains 20 ms, not the 10 ms of unlimited parallelism
+    from analyzer.graph import CausalGraph, Node, NodeKind
+
+    pg = "postgresql://127.0.0.1:5432/test"
+    n = 50
+    nodes = [Node("start", NodeKind.START, (0.0,) * n), Node("c0", NodeKind.COMPUTE, (0.01,) * n, cpu_ms=(0.01,) * n)]
+    edges = [("start", "c0")]
+    for i in range(4):
+        nodes.append(Node(f"q{i}", NodeKind.IO, (10.0,) * n, api="postgresql SELECT t", resource=pg,
+                          system="postgresql", round_trips=(1,) * n))
+        edges += [("c0", f"q{i}"), (f"q{i}", "join")]
+    nodes += [Node("join", NodeKind.SYNC, (0.0,) * n), Node("end", NodeKind.END, (0.0,) * n)]
+    edges.append(("join", "end"))
+    free = CausalGraph("GET /", nodes, edges, latency_ms=(20.0,) * n)
+    pooled = CausalGraph("GET /", nodes, edges, latency_ms=(20.0,) * n, meta={"pools": {pg: 2}})
+    [a] = predict([free], "location:postgresql=+10ms", samples=200, rng=np.random.default_rng(1))
+    [b] = predict([pooled], "location:postgresql=+10ms", samples=200, rng=np.random.default_rng(1))
+    assert a.predicted.p50 == pytest.approx(20.01, abs=0.1)
+    assert b.predicted.p50 == pytest.approx(40.01, abs=0.5)
+    assert any("at most 2 calls in flight" in note for note in b.notes)
