@@ -42,7 +42,16 @@ import networkx as nx
 
 from analyzer.errors import GraphError
 from analyzer.graph import CausalGraph, Node, NodeKind, WaitMode
-from analyzer.spans import IoCall, Request, Span, SpanFile, Step, SyncPoint, TaskLife, assemble_requests
+from analyzer.spans import (
+    IoCall,
+    Request,
+    Span,
+    SpanFile,
+    Step,
+    SyncPoint,
+    TaskLife,
+    assemble_requests,
+)
 
 __all__ = ["POOLS_KEY", "RequestGraph", "build_graphs", "observed_pools", "request_graph"]
 

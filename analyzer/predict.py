@@ -35,7 +35,13 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from analyzer.distribution import DagPlan, Distribution, Rows, compile_dag, evaluate_plan
+from analyzer.distribution import (
+    DagPlan,
+    Distribution,
+    Rows,
+    compile_dag,
+    evaluate_plan,
+)
 from analyzer.errors import GraphError, ProfileError, ScenarioError
 from analyzer.graph import CausalGraph, Node, NodeKind
 from analyzer.scenario import (
