@@ -254,14 +254,18 @@ def _shield(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 # --- coroutine points: wait, wait_for, as_completed items ------------------------------------------------
 
 
-def _wait(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+def _traced_set(args: Any, kwargs: Any) -> Any:
+    """The iterable of awaitables given to wait / as_completed, or None when the call is not traced (no traced
+    task, or an argument asyncio itself will reject: a lone future or coroutine)."""
     fs = args[0] if args else kwargs.get("fs")
-    if (
-        _traced_task() is None
-        or fs is None
-        or asyncio.isfuture(fs)
-        or asyncio.iscoroutine(fs)
-    ):
+    if _traced_task() is None or fs is None or asyncio.isfuture(fs) or asyncio.iscoroutine(fs):
+        return None
+    return fs
+
+
+def _wait(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    fs = _traced_set(args, kwargs)
+    if fs is None:
         return wrapped(*args, **kwargs)
     return _named(
         _wait_traced(
@@ -367,13 +371,8 @@ _INLINE_OWNERS: set[int] = set()
 
 
 def _as_completed(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    fs = args[0] if args else kwargs.get("fs")
-    if (
-        _traced_task() is None
-        or fs is None
-        or asyncio.isfuture(fs)
-        or asyncio.iscoroutine(fs)
-    ):
+    fs = _traced_set(args, kwargs)
+    if fs is None:
         return wrapped(*args, **kwargs)
     fs_list = list(fs)
     rest = {k: v for k, v in kwargs.items() if k != "fs"}
