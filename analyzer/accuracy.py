@@ -104,10 +104,7 @@ def read_samples(
     (``perfcast graph``), from which ``route``'s recorded latencies are taken.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputFileError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
+    text = InputFileError.read_text(path)
     stripped = text.lstrip()
     if stripped.startswith(("[", "{")):
         try:

@@ -131,10 +131,9 @@ def read_har(path: str | Path, page: str | None = None) -> PageModel:
     Raises :class:`HarFileError` naming the entry index and field of anything malformed.
     """
     path = Path(path)
+    text = HarFileError.read_text(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise HarFileError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise HarFileError(path, exc.lineno, None, f"not valid JSON: {exc.msg} (column {exc.colno})") from None
     log = doc.get("log") if isinstance(doc, dict) else None

@@ -40,6 +40,14 @@ class InputFileError(AnalyzerError, ValueError):
         what = f"field '{field}': {problem}" if field else problem
         super().__init__(f"{where}: {what}")
 
+    @classmethod
+    def read_text(cls, path: str | Path) -> str:
+        """The file's text (UTF-8); an unreadable file raises this error class naming it and why."""
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise cls(path, None, None, f"cannot read: {exc.strerror or exc}") from None
+
 
 class SpanFileError(InputFileError):
     """A spans file (OTLP JSON lines) has a malformed line, span or attribute."""

@@ -361,10 +361,7 @@ def evaluate(
 def load_graphs(path: str | Path) -> list[CausalGraph]:
     """Read a graphs file written by :func:`dump_graphs`; raises :class:`GraphFileError` naming the problem."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise GraphFileError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
+    text = GraphFileError.read_text(path)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:

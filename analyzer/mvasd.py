@@ -309,10 +309,7 @@ def _station(raw: Any, at: str, throughput: float, fail: Any) -> StationMeasurem
 def read_loadtest(path: str | Path) -> LoadTest:
     """Read a ``perfcast-loadtest/1`` JSON file (docs/mva.md describes it field by field)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ModelFileError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
+    text = ModelFileError.read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -301,10 +301,7 @@ def load_model(path: str | Path) -> ClosedModel:
         The file is unreadable, not TOML, or a field is missing or wrong; the message names file, line, field.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ModelFileError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
+    text = ModelFileError.read_text(path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -283,10 +283,7 @@ def load_scenarios(path: str | Path) -> list[Scenario]:
         changes = ["load:60?pool.postgresql=10", "interference:cpu=30"]
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioFileError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
+    text = ScenarioFileError.read_text(path)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -91,7 +91,9 @@ class LatencyProxy:
             except OSError:
                 pass
             sock.close()
-        for thread in list(self._threads):
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
             thread.join(timeout=2.0)
         if self._listener is not None:
             self._listener.close()
@@ -109,7 +111,9 @@ class LatencyProxy:
 
     def _spawn(self, target: object, name: str, *args: object) -> None:
         thread = threading.Thread(target=target, args=args, name=f"proxy-{self.port}-{name}", daemon=True)  # type: ignore[arg-type]
-        self._threads.append(thread)
+        with self._lock:  # the accept thread and connection threads spawn at the same time
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
         thread.start()
 
     def _pick(self) -> Upstream:
@@ -128,7 +132,6 @@ class LatencyProxy:
             except OSError:
                 return
             self.connections += 1
-            self._threads = [t for t in self._threads if t.is_alive()]
             self._spawn(self._serve, "conn", client)
 
     def _serve(self, client: socket.socket) -> None:

@@ -125,13 +125,14 @@ def test_instrument_twice_is_an_error():
         collector.uninstrument()
 
 
-def test_uninstrument_restores_asyncio():
+def _patch_points() -> tuple[object, ...]:
+    """Everything the collector patches, as asyncio, time and socket hold it now."""
     import asyncio.base_events
     import asyncio.events
     import socket
     import time
 
-    before = (
+    return (
         asyncio.gather,
         asyncio.wait,
         asyncio.wait_for,
@@ -145,21 +146,12 @@ def test_uninstrument_restores_asyncio():
         time.sleep,
         socket.socket.recv,
     )
+
+
+def test_uninstrument_restores_asyncio():
+    before = _patch_points()
     collector.instrument(output=None, quiet=True)
     assert asyncio.gather is not before[0]
     collector.uninstrument()
-    after = (
-        asyncio.gather,
-        asyncio.wait,
-        asyncio.wait_for,
-        asyncio.shield,
-        asyncio.events.Handle._run,
-        asyncio.base_events.BaseEventLoop.__dict__["create_task"],
-        asyncio.base_events.BaseEventLoop.__dict__["call_later"],
-        asyncio.base_events.BaseEventLoop.__dict__["create_connection"],
-        asyncio.TaskGroup.__dict__["__aexit__"],
-        asyncio.Timeout.__dict__["__aenter__"],
-        time.sleep,
-        socket.socket.recv,
-    )
+    after = _patch_points()
     assert all(a is b for a, b in zip(before, after, strict=True))
