@@ -60,7 +60,7 @@ import numpy.typing as npt
 from analyzer.distribution import DagPlan, evaluate_plan
 from analyzer.errors import ProfileError
 from analyzer.graph import CausalGraph, Node, NodeKind
-from analyzer.scenario import Failure, Load, Scenario, Tier, matches
+from analyzer.scenario import Failure, Load, Scenario, Tier, applies, matches
 
 if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
@@ -751,7 +751,7 @@ class _Curves:
     def register(self, k: int, j: int, node: Node, row: FloatArray) -> None:
         if self.store is None:
             return
-        tiers = [c for c in self.scenario.changes if isinstance(c, Tier) and matches(c.resource, node)]
+        tiers = [c for c in self.scenario.changes if isinstance(c, Tier) and applies(c, node)]
         labels = {"tier": tiers[-1].label} if tiers else {}
         key = (node.api, node.resource, tuple(sorted(labels.items())))
         if key in self.absent:

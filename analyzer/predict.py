@@ -51,10 +51,13 @@ from analyzer.scenario import (
     Location,
     Scenario,
     Size,
+    Targeted,
     Tier,
+    applies,
     check_resources,
     matches,
     parse_scenario,
+    target_of,
 )
 
 __all__ = [
@@ -304,13 +307,13 @@ def _scenario_notes(scenario: Scenario, graphs: Sequence[CausalGraph]) -> list[s
     notes = []
     for change in scenario.changes:
         if isinstance(change, Location):
-            hits = [(g, n) for g in graphs for n in g.nodes if matches(change.resource, n) and n.round_trips]
+            hits = [(g, n) for g in graphs for n in g.nodes if applies(change, n) and n.round_trips]
             trips = [float(_array(g, n, "round_trips").mean()) for g, n in hits]
             if hits and max(trips) == 0:
-                notes.append(f"location:{change.resource}: its {len(hits)} calls made no network round trip when "
-                             "recorded (a local file or an in-process call), so nothing changes")
+                notes.append(f"location:{target_of(change)}: its {len(hits)} calls made no network round trip "
+                             "when recorded (a local file or an in-process call), so nothing changes")
             elif hits:
-                notes.append(f"location:{change.resource}: {len(hits)} calls, {np.mean(trips):.2g} round trips "
+                notes.append(f"location:{target_of(change)}: {len(hits)} calls, {np.mean(trips):.2g} round trips "
                              "each on average (as recorded)")
         elif isinstance(change, Interference):
             compute = [n for g in graphs for n in g.nodes if n.kind is NodeKind.COMPUTE]
@@ -533,6 +536,16 @@ def cpu_slowdown(cpu_pct: float) -> float:
     return 1.0 / (1.0 - cpu_pct / 200.0)
 
 
+def _spec(change: Targeted) -> str:
+    """The change as a spec writes it, API filter included: what an ``--explain`` note comes from."""
+    if isinstance(change, Size):
+        return f"size:{target_of(change)}={change.size_bytes:.0f}B"
+    if isinstance(change, Tier):
+        return f"tier:{target_of(change)}={change.label}"
+    value = f"{change.added_ms:+g}ms" if change.added_ms is not None else change.label
+    return f"location:{target_of(change)}={value}"
+
+
 def _need_store(store: SupportsSelect | None, scenario: Scenario, what: str) -> SupportsSelect:
     if store is None:
         raise ProfileError(f"scenario {scenario.name!r}: {what} needs a profile store (--profiles FILE)")
@@ -552,13 +565,15 @@ def _io_node(
     rng: np.random.Generator,
 ) -> list[str]:
     notes: list[str] = []
-    tiers = [c for c in scenario.changes if isinstance(c, Tier) and matches(c.resource, node)]
-    sizes = [c for c in scenario.changes if isinstance(c, Size) and matches(c.resource, node)]
-    locations = [c for c in scenario.changes if isinstance(c, Location) and matches(c.resource, node)]
+    tiers = [c for c in scenario.changes if isinstance(c, Tier) and applies(c, node)]
+    sizes = [c for c in scenario.changes if isinstance(c, Size) and applies(c, node)]
+    locations = [c for c in scenario.changes if isinstance(c, Location) and applies(c, node)]
     labels = {"tier": tiers[-1].label} if tiers else {}
     size = sizes[-1] if sizes else None
     drawn: FloatArray | None = None
     if tiers or size:
+        # the changes behind the profile or model, filters included: "size:blob[GET /blob/*]=262144B: ..."
+        why = " + ".join(_spec(c) for c in ([tiers[-1]] if tiers else []) + ([size] if size else [])) + ": "
         what = f"{'tier ' + tiers[-1].label if tiers else ''}{' and ' if tiers and size else ''}" \
                f"{f'size {size.size_bytes:g} B' if size else ''} for {node.api!r}"
         sel = None
@@ -572,7 +587,7 @@ def _io_node(
                     raise
         if sel is not None and (size is None or sel.keys[0].param == "size_bytes"):
             drawn = rng.choice(np.asarray(sel.samples_ms, dtype=np.float64), size=idx.size)
-            notes.append(f"profile {sel.keys[0].api} [{','.join(f'{a}={b}' for a, b in sel.keys[0].labels)}]: "
+            notes.append(f"{why}profile {sel.keys[0].api} [{','.join(f'{a}={b}' for a, b in sel.keys[0].labels)}]: "
                          f"{sel.how}")
         if size is not None and drawn is None:
             fit = _per_byte_ms(size, node.api, graphs)
@@ -589,10 +604,11 @@ def _io_node(
                 # a tier profile measured at today's payloads, shifted by the fitted per-byte cost
                 drawn = rng.choice(np.asarray(sel.samples_ms, dtype=np.float64), size=idx.size)
                 drawn = np.maximum(drawn + slope * (size.size_bytes - payload[idx]), 0.0)
-                notes.append(f"profile {sel.how}, + {slope * 1e6:.3g} ms/MB x (size - payload) fitted on {span}")
+                notes.append(f"{why}profile {sel.how}, + {slope * 1e6:.3g} ms/MB x (size - payload) fitted on "
+                             f"{span}")
             else:
                 per_request[j] = np.maximum(per_request[j] + slope * (size.size_bytes - payload), 0.0)
-                notes.append(f"baseline + {slope * 1e6:.3g} ms/MB x ({size.size_bytes:g} B - payload), "
+                notes.append(f"{why}baseline + {slope * 1e6:.3g} ms/MB x ({size.size_bytes:g} B - payload), "
                              f"Theil-Sen fit on {span}")
     if drawn is not None:
         per_sample[j] = drawn
@@ -609,7 +625,7 @@ def _io_node(
                 per_sample[j] = np.maximum(per_sample[j] + trips[idx] * loc.added_ms, 0.0)
             else:
                 per_request[j] = np.maximum(per_request[j] + trips * loc.added_ms, 0.0)
-            notes.append(f"+ {loc.added_ms:g} ms x round trips (mean {trips.mean():.3g})")
+            notes.append(f"{_spec(loc)}: + {loc.added_ms:g} ms x round trips (mean {trips.mean():.3g})")
             continue
         s = _need_store(store, scenario, f"location {loc.label}")
         sel = s.select("rtt", node.resource, {"location": str(loc.label)})
@@ -631,6 +647,6 @@ def _io_node(
             added[nz] = np.add.reduceat(draws, starts)
         row = per_sample[j] if j in per_sample else per_request[j][idx]
         per_sample[j] = np.maximum(row + added, 0.0)
-        notes.append(f"+ rtt [location={loc.label}] x round trips ({sel.how}"
+        notes.append(f"{_spec(loc)}: + rtt [location={loc.label}] x round trips ({sel.how}"
                      f"{f'; minus baseline rtt median {offset:.3g} ms' if offset else ''})")
     return notes

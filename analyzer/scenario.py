@@ -9,6 +9,8 @@ A :class:`Scenario` is a named set of changes applied together. The spec of one 
 ``location:RESOURCE=LABEL``                  every round trip gains a draw of the ``rtt`` profile ``location=LABEL``
 ``tier:RESOURCE=LABEL``                      RESOURCE's calls take the profile of their api with ``tier=LABEL``
 ``size:RESOURCE=BYTES``                      RESOURCE's calls carry BYTES (``6MB``, ``512KiB``, ``6e6``)
+``size:RESOURCE[API]=BYTES``                 only the calls to RESOURCE whose api matches API (a glob) carry BYTES;
+                                             ``location:`` and ``tier:`` take the same ``[API]`` filter
 ``load:N[?think=0ms&replicas=1&pool.R=10]``  N concurrent users (closed loop), spread over ``replicas`` front ends,
                                              with at most ``pool.R`` calls in flight to resource R per front end
                                              (``&nested=shared|separate|off``: see :class:`Load`)
@@ -20,6 +22,14 @@ A :class:`Scenario` is a named set of changes applied together. The spec of one 
 RESOURCE matches an io node by system (``redis``), by ``host:port``, by its full resource URL, or by the name
 given at collection (``perfcast collect --resource-names``: the graph builder puts it in the node's
 ``resource``; a ``resource_name`` field, if present, is honoured too).
+
+``[API]`` narrows a change to some of RESOURCE's calls, for services that answer several APIs at one address
+(a blob store that also serves ads, a gateway routing paths to different backends). API is a case-sensitive
+glob (:func:`fnmatch.fnmatchcase`: ``*``, ``?``, ``[seq]``) matched against the io node's ``api``
+(``http GET /blob/{id}``) and against its operation, the api without the system (``GET /blob/{id}``). Inside
+the brackets ``=``, ``?`` and ``;`` are part of the API; a scenario file can give the API in a field of its
+own instead (:func:`load_scenarios`). A filter that matches none of the resource's calls is an error listing
+the apis it has (:func:`check_resources`).
 """
 
 from __future__ import annotations
@@ -29,7 +39,8 @@ import math
 import re
 import tomllib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -46,12 +57,16 @@ __all__ = [
     "Location",
     "Scenario",
     "Size",
+    "Targeted",
     "Tier",
+    "api_matches",
+    "applies",
     "check_resources",
     "known_resources",
     "load_scenarios",
     "matches",
     "parse_scenario",
+    "target_of",
 ]
 
 APP = ("app", "frontend")
@@ -65,6 +80,8 @@ class Location:
     resource: str
     added_ms: float | None = None
     label: str | None = None
+    api: str | None = None
+    """``location:RESOURCE[API]=...``: only the calls whose api matches this glob (``None``: every call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +90,8 @@ class Tier:
 
     resource: str
     label: str
+    api: str | None = None
+    """``tier:RESOURCE[API]=LABEL``: only the calls whose api matches this glob (``None``: every call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +100,8 @@ class Size:
 
     resource: str
     size_bytes: float
+    api: str | None = None
+    """``size:RESOURCE[API]=BYTES``: only the calls whose api matches this glob (``None``: every call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +141,9 @@ class Failure:
 
 
 Change = Location | Tier | Size | Load | Interference | Failure
+
+Targeted = Location | Tier | Size
+"""The changes that name calls (``RESOURCE`` or ``RESOURCE[API]``) and change their durations."""
 
 KINDS = ("location", "tier", "size", "load", "interference", "failure")
 
@@ -194,6 +218,75 @@ def _options(text: str, where: str, allowed: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _cut(text: str, sep: str) -> tuple[str, str, str]:
+    """``text.partition(sep)`` at the first ``sep`` outside ``[...]``, where an API filter may hold it."""
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(depth - 1, 0)
+        elif ch == sep and depth == 0:
+            return text[:i], sep, text[i + 1:]
+    return text, "", ""
+
+
+def _check_brackets(text: str, where: str) -> None:
+    """Every ``[`` closed, no stray ``]``: else the filter's extent, and so the spec, would be a guess."""
+    depth = 0
+    for ch in text:
+        if ch == "]" and depth == 0:
+            raise ScenarioError(f"{where}: unmatched ']'; an API filter reads RESOURCE[API], e.g. blob[GET /ad]")
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+    if depth:
+        raise ScenarioError(f"{where}: unclosed '['; an API filter reads RESOURCE[API], e.g. blob[GET /ad]")
+
+
+def _api_filter(text: str, where: str) -> str:
+    """An API filter's glob, stripped; empty is an error (leave the filter out to change every call)."""
+    api = text.strip()
+    if not api:
+        raise ScenarioError(f"{where}: empty API filter; give one such as [GET /blob/*], or none to change "
+                            "every call to the resource")
+    return api
+
+
+def _split_target(target: str, where: str) -> tuple[str, str | None]:
+    """``RESOURCE[API]`` -> (RESOURCE, API); ``RESOURCE`` -> (RESOURCE, None). Brackets are balanced."""
+    if not target.endswith("]"):
+        return target, None
+    depth = 0
+    for i in range(len(target) - 1, -1, -1):  # the '[' that opens the final ']'
+        depth += {"]": 1, "[": -1}.get(target[i], 0)
+        if depth == 0:
+            break
+    resource = target[:i].strip()
+    if resource.endswith("://"):  # an IPv6 host in a URL without a port, http://[::1]: no filter
+        return target, None
+    if not resource:
+        raise ScenarioError(f"{where}: expected RESOURCE[API], with the resource before '['")
+    return resource, _api_filter(target[i + 1:-1], where)
+
+
+def _with_api(change: Change, api: str, where: str) -> Change:
+    """``change`` narrowed to the calls whose api matches ``api`` (a scenario file's ``api`` field)."""
+    if not isinstance(change, (Location, Tier, Size)):
+        raise ScenarioError(f"{where}: only location, tier and size take an API filter")
+    if change.api is not None:
+        raise ScenarioError(f"{where}: the API filter is given twice (RESOURCE[API] and api); keep one")
+    return replace(change, api=_api_filter(api, where))
+
+
+def _split_changes(spec: str) -> list[str]:
+    """A scenario's changes: ``spec`` split at the ``;`` outside API filters."""
+    parts = []
+    rest = spec
+    while rest:
+        part, _, rest = _cut(rest, ";")
+        parts.append(part.strip())
+    return [p for p in parts if p]
+
+
 def _parse_change(spec: str) -> Change:
     where = f"scenario {spec!r}"
     kind, colon, rest = spec.partition(":")
@@ -203,10 +296,12 @@ def _parse_change(spec: str) -> Change:
             f"{where}: unknown kind {kind!r}; kinds are {', '.join(KINDS)} "
             "(e.g. location:redis=+20ms, tier:redis=C2, size:blob=6MB, load:60, interference:cpu=50, failure:app)"
         )
-    body, _, opts = rest.partition("?")
+    _check_brackets(rest, where)
+    body, _, opts = _cut(rest, "?")
     body = body.strip()
-    target, eq, value = body.partition("=")
-    target, value = target.strip(), value.strip()
+    target, eq, value = _cut(body, "=")
+    target, api = _split_target(target.strip(), where)
+    value = value.strip()
     if kind == "load":
         o = _options(opts, where, ["think", "replicas", "nested", "pool."])
         pools = tuple(sorted((k[5:], _positive_int(v, f"{where} option {k}")) for k, v in o.items()
@@ -222,6 +317,8 @@ def _parse_change(spec: str) -> Change:
         return Load(_positive_int(body, where), think, _positive_int(o.get("replicas", "1"), where), pools, nested)
     if kind == "failure":
         o = _options(opts, where, ["replicas"])
+        if _split_target(body, where)[1] is not None:
+            raise ScenarioError(f"{where}: failure takes no API filter (a failed replica serves none of its apis)")
         if not body or eq:
             raise ScenarioError(f"{where}: expected failure:RESOURCE[?replicas=R], e.g. failure:app?replicas=2")
         replicas = _positive_int(o["replicas"], f"{where} option replicas", 2) if "replicas" in o else None
@@ -230,6 +327,8 @@ def _parse_change(spec: str) -> Change:
     if not eq or not target or not value:
         raise ScenarioError(f"{where}: expected {kind}:RESOURCE=VALUE")
     if kind == "interference":
+        if api is not None:
+            raise ScenarioError(f"{where}: interference takes no API filter")
         if target.lower() != "cpu":
             raise ScenarioError(f"{where}: only interference:cpu=PCT is modelled, got {target!r}")
         try:
@@ -241,14 +340,14 @@ def _parse_change(spec: str) -> Change:
         return Interference(pct)
     if kind == "location":
         if value[0] in "+-" or value[0].isdigit():
-            return Location(target, added_ms=_duration_ms(value, where))
-        return Location(target, label=value)
+            return Location(target, added_ms=_duration_ms(value, where), api=api)
+        return Location(target, label=value, api=api)
     if kind == "tier":
-        return Tier(target, value)
+        return Tier(target, value, api)
     size = _bytes(value, where)
     if size <= 0 or not math.isfinite(size):
         raise ScenarioError(f"{where}: BYTES must be positive")
-    return Size(target, size)
+    return Size(target, size, api)
 
 
 def parse_scenario(spec: str, name: str | None = None) -> Scenario:
@@ -258,17 +357,22 @@ def parse_scenario(spec: str, name: str | None = None) -> Scenario:
     --------
     >>> sc = parse_scenario("location:redis=+20ms; load:30?pool.postgresql=10")
     >>> sc.changes[0]
-    Location(resource='redis', added_ms=20.0, label=None)
+    Location(resource='redis', added_ms=20.0, label=None, api=None)
     >>> sc.load.users, sc.load.pools
     (30, (('postgresql', 10),))
+    >>> parse_scenario("size:blob[GET /blob/*]=256KiB").changes
+    (Size(resource='blob', size_bytes=262144.0, api='GET /blob/*'),)
     """
-    parts = [p.strip() for p in spec.split(";") if p.strip()]
+    parts = _split_changes(spec)
     if not parts:
         raise ScenarioError("empty scenario: expected e.g. location:redis=+20ms")
-    changes = tuple(_parse_change(p) for p in parts)
+    return _scenario(name or "; ".join(parts), [_parse_change(p) for p in parts], spec)
+
+
+def _scenario(name: str, changes: Sequence[Change], spec: str) -> Scenario:
     if sum(isinstance(c, Load) for c in changes) > 1:
         raise ScenarioError(f"scenario {spec!r}: more than one load: change")
-    return Scenario(name or "; ".join(parts), changes)
+    return Scenario(name, tuple(changes))
 
 
 def load_scenarios(path: str | Path) -> list[Scenario]:
@@ -281,6 +385,12 @@ def load_scenarios(path: str | Path) -> list[Scenario]:
 
         [scenario.peak]
         changes = ["load:60?pool.postgresql=10", "interference:cpu=30"]
+
+    An item of the list may also be a table holding one change's ``spec`` and the ``api`` filter it applies
+    to, the same as ``size:blob[GET /blob/{id}]=256KiB`` but with no characters the spec would reserve::
+
+        [scenario.big-blobs]
+        changes = [{ spec = "size:blob=256KiB", api = "GET /blob/{id}" }]
     """
     path = Path(path)
     text = ScenarioFileError.read_text(path)
@@ -311,14 +421,48 @@ def load_scenarios(path: str | Path) -> list[Scenario]:
         if extra:
             raise ScenarioFileError(path, line, f"scenario.{name}.{extra[0]}", "unknown field (use changes)")
         changes = body["changes"]
-        specs = [changes] if isinstance(changes, str) else changes
-        if not isinstance(specs, list) or not specs or not all(isinstance(s, str) for s in specs):
-            raise ScenarioFileError(path, line, fname, "must be a spec string or a non-empty list of them")
+        items = [changes] if isinstance(changes, str) else changes
+        if not isinstance(items, list) or not items or not all(isinstance(s, (str, dict)) for s in items):
+            raise ScenarioFileError(path, line, fname, "must be a spec string or a non-empty list of specs "
+                                    "and { spec, api } tables")
+        parsed: list[Change] = []
+        specs: list[str] = []
+        for i, item in enumerate(items):
+            where = fname if isinstance(item, str) else f"{fname}[{i}]"
+            try:
+                if isinstance(item, str):
+                    parts = _split_changes(item)
+                    specs += parts
+                    parsed += [_parse_change(p) for p in parts]
+                else:
+                    spec, api = _file_change(path, line, where, item)
+                    specs.append(spec)
+                    parsed.append(_with_api(_parse_change(spec), api, f"scenario {spec!r}"))
+            except ScenarioError as exc:
+                raise ScenarioFileError(path, line, where, str(exc)) from None
         try:
-            out.append(parse_scenario("; ".join(specs), name))
+            if not parsed:
+                raise ScenarioError("empty scenario: expected e.g. location:redis=+20ms")
+            out.append(_scenario(name, parsed, "; ".join(specs)))
         except ScenarioError as exc:
             raise ScenarioFileError(path, line, fname, str(exc)) from None
     return out
+
+
+def _file_change(path: Path, line: int | None, where: str, item: dict[str, object]) -> tuple[str, str]:
+    """``{ spec = "size:blob=256KiB", api = "GET /blob/{id}" }`` -> (spec, api): one change and its filter."""
+    extra = sorted(set(item) - {"spec", "api"})
+    if extra:
+        raise ScenarioFileError(path, line, f"{where}.{extra[0]}", "unknown field (a change table has spec and api)")
+    spec, api = item.get("spec"), item.get("api")
+    if not isinstance(spec, str) or not spec.strip():
+        raise ScenarioFileError(path, line, f"{where}.spec", "missing: the change, e.g. spec = \"size:blob=256KiB\"")
+    if not isinstance(api, str):
+        raise ScenarioFileError(path, line, f"{where}.api", "missing: the api filter, e.g. api = \"GET /blob/*\" "
+                                "(without one, give the spec as a plain string)")
+    if len(_split_changes(spec)) != 1:
+        raise ScenarioFileError(path, line, f"{where}.spec", "must hold exactly one change (no ';')")
+    return spec.strip(), api
 
 
 # --- resources --------------------------------------------------------------------------------------------------
@@ -344,6 +488,31 @@ def matches(selector: str, node: Node) -> bool:
     return node.kind is NodeKind.IO and selector in _names(node)
 
 
+def api_matches(pattern: str, node: Node) -> bool:
+    """Whether glob ``pattern`` matches the node's api (``http GET /blob/{id}``) or its operation, the api
+    without the system (``GET /blob/{id}``); case-sensitive.
+
+    Examples
+    --------
+    >>> node = Node("b", NodeKind.IO, api="http GET /blob/{id}", system="http")
+    >>> api_matches("GET /blob/{id}", node), api_matches("http GET /blob/*", node), api_matches("GET /ad", node)
+    (True, True, False)
+    """
+    api = node.api
+    operation = api[len(node.system) + 1:] if node.system and api.startswith(node.system + " ") else api
+    return fnmatchcase(api, pattern) or fnmatchcase(operation, pattern)
+
+
+def applies(change: Targeted, node: Node) -> bool:
+    """Whether ``change`` touches ``node``: an io node of its resource whose api passes its filter, if any."""
+    return matches(change.resource, node) and (change.api is None or api_matches(change.api, node))
+
+
+def target_of(change: Targeted) -> str:
+    """What ``change`` applies to, as a spec writes it: ``RESOURCE`` or ``RESOURCE[API]``."""
+    return change.resource if change.api is None else f"{change.resource}[{change.api}]"
+
+
 def known_resources(graphs: Iterable[CausalGraph]) -> list[str]:
     """Every name a scenario may use for the resources of ``graphs``, sorted."""
     out: set[str] = set()
@@ -366,3 +535,12 @@ def check_resources(scenario: Scenario, graphs: Sequence[CausalGraph]) -> None:
             if not any(matches(sel, n) for g in graphs for n in g.nodes):
                 have = ", ".join(known_resources(graphs)) or "none (the graphs have no io nodes)"
                 raise ScenarioError(f"scenario {scenario.name!r}: unknown resource {sel!r}; the graphs have: {have}")
+        if isinstance(change, (Location, Tier, Size)) and change.api is not None:
+            if not any(applies(change, n) for g in graphs for n in g.nodes):
+                apis = sorted({n.api for g in graphs for n in g.nodes if matches(change.resource, n)})
+                kind = type(change).__name__.lower()
+                raise ScenarioError(
+                    f"scenario {scenario.name!r}: {kind}:{target_of(change)}: no call to resource "
+                    f"{change.resource!r} has an api matching {change.api!r}; its apis are: {', '.join(apis)} "
+                    "(the filter is a case-sensitive glob on the api or on its operation, e.g. GET /blob/*)"
+                )

@@ -49,6 +49,8 @@ def whatif(
       size:RESOURCE=6MB       load:N[?think=0ms&replicas=1&pool.RESOURCE=10&nested=shared]
       interference:cpu=PCT    failure:RESOURCE[?replicas=2]  (failure:app = a front end)
     RESOURCE: a system (redis), host:port, a resource URL, or a name given at collection.
+    RESOURCE[API] (location, tier, size): only the calls whose api matches the glob API,
+      e.g. size:blob[GET /blob/{id}]=256KiB.
     docs/whatif.md says how each change becomes node durations.
     """
     import numpy as np

@@ -13,6 +13,7 @@ from analyzer.errors import GraphError, ProfileError, ScenarioError
 from analyzer.graph import CausalGraph, Node, NodeKind, WaitMode
 from analyzer.predict import cpu_slowdown, predict
 from analyzer.profiles import ProfileKey, ProfileStore
+from analyzer.scenario import parse_scenario
 
 REDIS = "redis://127.0.0.1:6379/0"
 PG = "postgresql://127.0.0.1:5432/test"
@@ -140,6 +141,58 @@ class TestProfiles:
         g = graph("GET /", [io("a", [1.0] * 10, payload=[1000] * 10)], [("start", "a"), ("a", "end")])
         with pytest.raises(ProfileError, match="no size_bytes profile.*perfcast profile"):
             predict([g], "size:redis=6MB", rng=rng())
+
+
+BLOBS = "http://127.0.0.1:8101"
+
+
+def blob_service() -> CausalGraph:
+    """start -> blob (2 ms, 4 KB) -> ad (1 or 3 ms) -> end: two apis of one service at one host:port."""
+    def call(node_id: str, api: str, samples: list[float]) -> Node:
+        return Node(node_id, NodeKind.IO, tuple(samples), api=api, resource=BLOBS, system="http",
+                    round_trips=(1,) * len(samples), response_bytes=(4096,) * len(samples))
+
+    nodes = [call("blob", "http GET /blob/{id}", [2.0] * 20), call("ad", "http GET /ad", [1.0, 3.0] * 10)]
+    return graph("GET /", nodes, [("start", "blob"), ("blob", "ad"), ("ad", "end")])
+
+
+class TestApiFilter:
+    @pytest.fixture
+    def sized(self, store: ProfileStore) -> ProfileStore:
+        for size, ms in ((1e5, 10.0), (1e6, 100.0)):
+            store.add(ProfileKey.make("http GET /blob/{id}", BLOBS, param="size_bytes", value=size), [ms] * 5)
+        return store
+
+    @pytest.mark.parametrize("spec", ["size:127.0.0.1:8101[GET /blob/{id}]=550KB",
+                                      "size:127.0.0.1:8101[http GET /blob/*]=550KB"])
+    def test_size_changes_only_the_filtered_api(self, sized: ProfileStore, spec: str) -> None:
+        (p,) = predict([blob_service()], spec, sized, samples=1000, rng=rng())
+        assert values(p.predicted) == {56.0, 58.0}  # blob from the profile at 550 KB (55 ms) + ad as recorded
+        sources = {s.node: s for s in p.sources[0][1]}
+        assert sources["ad"].source == "baseline"
+        assert sources["blob"].source == "profile"
+        assert sources["blob"].how.startswith("size:127.0.0.1:8101[")  # --explain names the filter
+        assert "]=550000B: profile http GET /blob/{id}" in sources["blob"].how
+
+    def test_without_the_filter_every_api_changes(self, sized: ProfileStore) -> None:
+        # the ads have no size profile and a constant payload: the unfiltered change cannot apply to them
+        with pytest.raises(ProfileError, match="no size_bytes profile for 'http GET /ad'"):
+            predict([blob_service()], "size:127.0.0.1:8101=550KB", sized, rng=rng())
+
+    def test_location_and_tier_take_the_filter(self, store: ProfileStore) -> None:
+        (p,) = predict([blob_service()], "location:127.0.0.1:8101[GET /ad]=+10ms", samples=1000, rng=rng())
+        assert values(p.predicted) == {13.0, 15.0}  # the ad's round trip only: 2 + (1 or 3) + 10
+        assert "location:127.0.0.1:8101[GET /ad]: 1 calls" in " ".join(p.notes)
+        store.add(ProfileKey.make("http GET /ad", BLOBS, {"tier": "C2"}), [0.5])
+        (p,) = predict([blob_service()], "tier:127.0.0.1:8101[GET /ad]=C2", store, samples=500, rng=rng())
+        assert values(p.predicted) == {2.5}
+
+    def test_filter_matching_no_call_is_an_error(self, sized: ProfileStore) -> None:
+        with pytest.raises(ScenarioError, match=r"scenario 'big': size:127\.0\.0\.1:8101\[GET /blobs/\*\]: "
+                                                r"no call to resource '127\.0\.0\.1:8101' has an api matching "
+                                                r"'GET /blobs/\*'; its apis are: http GET /ad, http GET /blob/\{id\}"):
+            predict([blob_service()], parse_scenario("size:127.0.0.1:8101[GET /blobs/*]=1MB", "big"), sized,
+                    rng=rng())
 
 
 class TestInterference:

@@ -15,6 +15,7 @@ from analyzer.scenario import (
     Location,
     Size,
     Tier,
+    api_matches,
     check_resources,
     known_resources,
     load_scenarios,
@@ -26,12 +27,16 @@ REDIS = Node("r", NodeKind.IO, (1.0,), api="redis GET", resource="redis://10.0.0
              extra={"resource_name": "cache"})
 PG = Node("p", NodeKind.IO, (1.0,), api="postgresql SELECT posts", resource="postgresql://db:5432/test",
           system="postgresql")
+BLOB = Node("b", NodeKind.IO, (1.0,), api="http GET /blob/{id}", resource="http://127.0.0.1:8101", system="http",
+            extra={"resource_name": "blobs"})
+AD = Node("a", NodeKind.IO, (1.0,), api="http GET /ad", resource="http://127.0.0.1:8101", system="http",
+          extra={"resource_name": "blobs"})
 
 
 def _graphs() -> list[CausalGraph]:
-    nodes = [Node("start", NodeKind.START, (0.0,)), REDIS, PG, Node("end", NodeKind.END, (0.0,))]
-    edges = [("start", "r"), ("r", "p"), ("p", "end")]
-    return [CausalGraph("GET /", nodes, edges, latency_ms=[2.0])]
+    nodes = [Node("start", NodeKind.START, (0.0,)), REDIS, PG, BLOB, AD, Node("end", NodeKind.END, (0.0,))]
+    edges = [("start", "r"), ("r", "p"), ("p", "b"), ("b", "a"), ("a", "end")]
+    return [CausalGraph("GET /", nodes, edges, latency_ms=[4.0])]
 
 
 class TestParse:
@@ -53,10 +58,25 @@ class TestParse:
             ("load:5?nested=off", Load(5, nested="off")),
             ("failure:app", Failure("app")),
             ("failure:db:5432?replicas=3", Failure("db:5432", 3)),
+            ("size:blobs[GET /blob/{id}]=256KiB", Size("blobs", 256 * 1024, "GET /blob/{id}")),
+            ("size:http://127.0.0.1:8101[ GET /blob/* ]=1MB", Size("http://127.0.0.1:8101", 1e6, "GET /blob/*")),
+            ("tier:redis[redis GET]=C2", Tier("redis", "C2", "redis GET")),
+            ("location:blobs[GET /ad]=+20ms", Location("blobs", added_ms=20.0, api="GET /ad")),
+            ("location:blobs[GET /ad]=eu", Location("blobs", label="eu", api="GET /ad")),
+            ("size:blobs[GET /blob/[0-9]*]=6MB", Size("blobs", 6e6, "GET /blob/[0-9]*")),
+            # an IPv6 host is part of the resource, not a filter
+            ("location:http://[::1]:8101=+1ms", Location("http://[::1]:8101", added_ms=1.0)),
+            ("location:http://[::1]=+1ms", Location("http://[::1]", added_ms=1.0)),
+            ("location:http://[::1]:8101[GET /ad]=+1ms", Location("http://[::1]:8101", added_ms=1.0, api="GET /ad")),
         ],
     )
     def test_kinds(self, spec: str, change: object) -> None:
         assert parse_scenario(spec).changes == (change,)
+
+    def test_api_filter_may_hold_the_spec_separators(self) -> None:
+        sc = parse_scenario("size:blobs[GET /a?x=1;y]=1MB; load:3")
+        assert sc.changes == (Size("blobs", 1e6, "GET /a?x=1;y"), Load(3))
+        assert sc.name == "size:blobs[GET /a?x=1;y]=1MB; load:3"
 
     def test_changes_combine_with_semicolons(self) -> None:
         sc = parse_scenario("location:redis=+20ms; load:30", name="busy far")
@@ -85,6 +105,14 @@ class TestParse:
             ("tier:redis", "expected tier:RESOURCE=VALUE"),
             ("load:1; load:2", "more than one load"),
             ("  ", "empty scenario"),
+            ("size:blobs[GET /blob/{id}=6MB", r"'size:blobs\[GET /blob/\{id\}=6MB': unclosed '\['"),
+            ("size:blobs[GET /ad=6MB; load:2", r"unclosed '\['"),
+            ("size:blobsGET /ad]=6MB", r"unmatched '\]'"),
+            ("size:blobs[]=6MB", "empty API filter"),
+            ("size:blobs[  ]=6MB", "empty API filter"),
+            ("size:[GET /ad]=6MB", r"resource before '\['"),
+            ("failure:blobs[GET /ad]", "failure takes no API filter"),
+            ("interference:cpu[x]=50", "interference takes no API filter"),
         ],
     )
     def test_bad_values(self, spec: str, message: str) -> None:
@@ -100,6 +128,38 @@ class TestResources:
 
     def test_compute_nodes_never_match(self) -> None:
         assert not matches("redis", Node("c", NodeKind.COMPUTE, system="redis"))
+
+    @pytest.mark.parametrize(
+        ("pattern", "hit"),
+        [
+            ("GET /blob/{id}", True),  # the operation, without the system
+            ("http GET /blob/{id}", True),  # the whole api
+            ("GET /blob/*", True),
+            ("*blob*", True),
+            ("GET /blob", False),  # a glob matches the whole api, not a prefix
+            ("get /blob/{id}", False),  # case-sensitive
+            ("GET /ad", False),
+        ],
+    )
+    def test_api_matches_is_a_glob_on_api_or_operation(self, pattern: str, hit: bool) -> None:
+        assert api_matches(pattern, BLOB) is hit
+
+    def test_api_filter_that_matches_nothing_lists_the_apis(self) -> None:
+        graphs = _graphs()
+        check_resources(parse_scenario("size:blobs[GET /blob/*]=1MB; tier:blobs[http GET /ad]=C2"), graphs)
+        with pytest.raises(ScenarioError) as info:
+            check_resources(parse_scenario("size:blobs[GET /blobs/*]=1MB", name="big"), graphs)
+        assert str(info.value) == (
+            "scenario 'big': size:blobs[GET /blobs/*]: no call to resource 'blobs' has an api matching "
+            "'GET /blobs/*'; its apis are: http GET /ad, http GET /blob/{id} (the filter is a case-sensitive "
+            "glob on the api or on its operation, e.g. GET /blob/*)"
+        )
+        # an api of another resource does not count
+        with pytest.raises(ScenarioError, match=r"location:redis\[SELECT posts\]: .*its apis are: redis GET \("):
+            check_resources(parse_scenario("location:redis[SELECT posts]=+1ms"), graphs)
+        # an unknown resource is still reported as such, before its filter
+        with pytest.raises(ScenarioError, match="unknown resource 'mongo'"):
+            check_resources(parse_scenario("size:mongo[GET /ad]=1MB"), graphs)
 
     def test_unknown_resource_lists_what_the_graphs_have(self) -> None:
         graphs = _graphs()
@@ -120,6 +180,36 @@ class TestFile:
         far, peak = load_scenarios(f)
         assert far.name == "far" and far.changes == (Location("redis", added_ms=20.0),)
         assert peak.changes == (Load(60), Interference(30.0))
+
+    def test_api_filter_in_a_spec_or_a_field(self, tmp_path: Path) -> None:
+        f = tmp_path / "s.toml"
+        f.write_text('[scenario.spec]\nchanges = "size:blobs[GET /blob/{id}]=256KiB; load:2"\n\n'
+                     '[scenario.field]\nchanges = [{ spec = "size:blobs=256KiB", api = "GET /blob/{id}" }, "load:2"]\n'
+                     '\n[scenario.odd]\nchanges = [{ spec = "tier:blobs=C2", api = "GET /x]y" }]\n')
+        spec, fld, odd = load_scenarios(f)
+        assert spec.changes == fld.changes == (Size("blobs", 256 * 1024, "GET /blob/{id}"), Load(2))
+        assert odd.changes == (Tier("blobs", "C2", "GET /x]y"),)  # a field may hold what a spec cannot
+
+    @pytest.mark.parametrize(
+        ("changes", "message"),
+        [
+            ('[{ spec = "size:blobs=1MB" }]', r"field 'scenario\.x\.changes\[0\]\.api': missing"),
+            ('[{ api = "GET /ad" }]', r"field 'scenario\.x\.changes\[0\]\.spec': missing"),
+            ('["load:2", { spec = "size:blobs=1MB", api = "GET /ad", apis = "x" }]',
+             r"field 'scenario\.x\.changes\[1\]\.apis': unknown field"),
+            ('[{ spec = "size:blobs=1MB", api = " " }]', r"changes\[0\]': .*empty API filter"),
+            ('[{ spec = "size:blobs[GET /ad]=1MB", api = "GET /ad" }]', "given twice"),
+            ('[{ spec = "load:3", api = "GET /ad" }]', "only location, tier and size take an API filter"),
+            ('[{ spec = "size:blobs=1MB; load:3", api = "GET /ad" }]', "exactly one change"),
+            ('["size:blobs[GET /ad=1MB"]', r"field 'scenario\.x\.changes': .*unclosed"),
+            ('["load:2", { spec = "tier:blobs=C2", api = "GET /ad" }, "load:3"]', "more than one load"),
+        ],
+    )
+    def test_bad_change_tables(self, tmp_path: Path, changes: str, message: str) -> None:
+        f = tmp_path / "s.toml"
+        f.write_text(f"[scenario.x]\nchanges = {changes}\n")
+        with pytest.raises(ScenarioFileError, match=rf"s\.toml:1: .*{message}"):
+            load_scenarios(f)
 
     def test_bad_spec_names_file_line_and_field(self, tmp_path: Path) -> None:
         f = tmp_path / "s.toml"

@@ -68,6 +68,19 @@ def test_scenarios_file_explain_and_plot(graphs_file: Path, tmp_path: Path) -> N
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_explain_names_the_api_filter(graphs_file: Path, tmp_path: Path) -> None:
+    db = tmp_path / "p.db"
+    with ProfileStore(db) as store:
+        store.add(ProfileKey.make("redis GET", REDIS, param="size_bytes", value=1e6), [5.0] * 10)
+    code, out = run(str(graphs_file), "-s", "size:redis[GET]=1MB", "--profiles", str(db), "--explain",
+                    "--samples", "200")
+    assert code == 0, out
+    assert "size:redis[GET]=1000000B: profile redis GET" in out
+    code, out = run(str(graphs_file), "-s", "location:redis[GET]=+5ms", "--explain", "--samples", "200")
+    assert code == 0, out
+    assert "location:redis[GET]=+5ms: + 5 ms x round trips" in out
+
+
 def test_profiles(graphs_file: Path, tmp_path: Path) -> None:
     db = tmp_path / "p.db"
     with ProfileStore(db) as store:
@@ -82,6 +95,9 @@ def test_profiles(graphs_file: Path, tmp_path: Path) -> None:
     [
         (["-s", "location:mongo=+1ms"], "ScenarioError: scenario 'location:mongo=+1ms': unknown resource 'mongo'"),
         (["-s", "weather:redis=rain"], "ScenarioError: scenario 'weather:redis=rain': unknown kind"),
+        (["-s", "size:redis[SET]=1MB"], "ScenarioError: scenario 'size:redis[SET]=1MB': size:redis[SET]: no call to "
+                                        "resource 'redis' has an api matching 'SET'; its apis are: redis GET"),
+        (["-s", "size:redis[SET=1MB"], "ScenarioError: scenario 'size:redis[SET=1MB': unclosed '['"),
         (["-s", "tier:redis=C2"], "ProfileError: "),
         (["-s", "tier:redis=C2", "--profiles", "missing.db"], "ProfileError: profile store missing.db does not exist"),
     ],
