@@ -42,6 +42,7 @@ __all__ = [
     "parse_line",
     "process_cpu",
     "process_cpu_within",
+    "sampling_windows",
     "read_spans",
     "span_to_otlp",
     "write_spans",
@@ -237,8 +238,21 @@ class ProcessCpu:
         return max(self.app_ms - self.loop_thread_ms, 0.0)
 
 
+def sampling_windows(spans: Iterable[Span]) -> tuple[Span, ...]:
+    """The ``window`` spans among ``spans``: the collection recorded only the requests of these windows
+    (``perfcast collect --sample``); empty when it recorded every request."""
+    return tuple(s for s in spans if s.perfcast_kind == "window")
+
+
 def process_cpu(spans: Iterable[Span]) -> tuple[ProcessCpu, ...]:
-    """The ``process`` spans among ``spans`` (one per collection), by start time."""
+    """The ``process`` spans among ``spans`` (one per second of the collection), by start time.
+
+    Empty for a sampled collection (``window`` spans present): most of its process CPU went to requests that
+    were not recorded, so it cannot be divided among the recorded ones.
+    """
+    spans = list(spans)
+    if sampling_windows(spans):
+        return ()
     out = []
     for span in spans:
         if span.perfcast_kind != "process":

@@ -1,10 +1,17 @@
 """Throughput cost of tracing: the forum app at saturation, plain, under perfcast, under the contrib asyncio
 instrumentation.
 
-Configurations, measured in one run, interleaved round by round (A B C A B C ...), medians quoted:
+Configurations, measured in one run: every configuration's app is started once and the apps are loaded in
+turn, one slice of ``--duration`` seconds each per round (A B C, B C A, ...), so that the slow drifts of a shared
+machine hit them alike; medians quoted, and the median over rounds of each configuration's ratio to ``plain`` in
+the same round (``paired``). ``--restart`` starts each app afresh in every round instead:
 
 - ``plain``: ``python -m examples.forum ...``
+- ``plain-control``: a second plain app, measured like the others: its ratio to ``plain`` is the noise floor
+  of the run (the two differ only by chance and by their place in the rotation)
 - ``perfcast``: ``python -m collector -o SPANS -- python -m examples.forum ...``
+- ``perfcast-sampled``: the same with ``--sample S --sample-window W`` (request sampling in windows:
+  ``collector._sampling``); S and W from ``--sample`` and ``--sample-window``
 - ``otel-asyncio``: the app under ``opentelemetry-instrumentation-asyncio`` through a small bootstrap (this
   file with ``--run-under-otel-asyncio``): a ``TracerProvider`` whose ``BatchSpanProcessor`` writes each span as
   a JSON line to a file, ``AsyncioInstrumentor().instrument()``, then the app's module run as ``__main__``.
@@ -12,11 +19,12 @@ Configurations, measured in one run, interleaved round by round (A B C A B C ...
   ``OTEL_PYTHON_ASYNCIO_COROUTINE_NAMES_TO_TRACE``; we name the app's awaited coroutines (the blob, SQL,
   replica and ad calls), so it traces the same fan-outs perfcast does.
 
-Each measurement: start the app, wait for its ``listening on`` line, warm up, then load it with ``--users``
-closed-loop users for ``--duration`` seconds from another process (``wrk`` when it is on PATH, else the
-aiohttp load client ``python -m examples.forum.load``), then stop it with SIGINT (so exporters flush). The app's
-CPU time per request over the measured window is reported too: it is less sensitive than throughput to other
-work on the machine. Nothing is pinned: the app, its dependencies and the client all share this machine's cores.
+Each app is started and waited for (its ``listening on`` line) and warmed up; each measurement loads it with
+``--users`` closed-loop users for ``--duration`` seconds from another process (``wrk`` when it is on PATH, else
+the aiohttp load client ``python -m examples.forum.load``); at the end the apps are stopped with SIGINT (so
+exporters flush). The app's CPU time per request over the measured window is reported too: it is less sensitive
+than throughput to other work on the machine. Nothing is pinned: the apps, their dependencies and the client all
+share this machine's cores; an app that is not being loaded is idle.
 
 With ``--baseline-collector DIR`` a fourth configuration, ``perfcast-base``, runs the app under the collector
 package found in DIR (an older version) in the same interleaved rounds, so that a change to the collector is
@@ -24,7 +32,7 @@ measured against what it replaces under the same machine conditions.
 
 Usage::
 
-    python benchmarks/collector_overhead.py                       # 5 rounds x 10 s
+    python benchmarks/collector_overhead.py                       # 12 rounds x 5 s, all apps up, in turn
     python benchmarks/collector_overhead.py --rounds 2 --duration 3 --warmup 1   # quick look
     mkdir /tmp/base && git archive HEAD collector | tar -x -C /tmp/base
     python benchmarks/collector_overhead.py --configs perfcast --baseline-collector /tmp/base
@@ -46,7 +54,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -60,13 +68,17 @@ from examples.forum.load import run_load_subprocess
 
 REDIS_URL = os.environ.get("PERFCAST_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get("PERFCAST_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-CONFIGS = ("plain", "perfcast", "otel-asyncio")
+CONFIGS = ("plain", "plain-control", "perfcast", "perfcast-sampled", "otel-asyncio")
+SAMPLED = "perfcast-sampled"
+"""The collector with request sampling: ``--sample S --sample-window W`` (this script's --sample, --sample-window)."""
+_sample: tuple[float, float] = (0.01, 0.2)
 BASELINE = "perfcast-base"
 """With ``--baseline-collector DIR``: the collector package found in DIR (an older version, e.g. from
 ``git archive HEAD collector | tar -x -C DIR``), measured in the same run as the working tree's."""
 _baseline_dir: str | None = None
 # The coroutines the forum awaits through create_task / gather / wait / wait_for / TaskGroup.
 OTEL_ASYNCIO_COROUTINES = "_fetch_blob,_recommend,_fetch_ad,_record_view,top_users,tag_counts,comment_count"
+_REQUEST_KIND = b'{"key":"perfcast.kind","value":{"stringValue":"request"}}'
 _LISTENING = re.compile(r"listening on (http://\S+)")
 
 
@@ -88,6 +100,8 @@ class Measurement:
     """Lines in the spans file after the app stopped (0 for ``plain``)."""
     load_average: float
     """The machine's 1-minute load average when the measurement ended (other work on the machine)."""
+    recorded_requests: int = 0
+    """Request spans in the spans file (warm-up included): all requests, or those of the sampling windows."""
 
 
 # --- starting and stopping the app -------------------------------------------------------------------------
@@ -95,10 +109,13 @@ class Measurement:
 
 def _app_command(config: str, app_args: Sequence[str], spans: Path) -> list[str]:
     app = [sys.executable, "-m", "examples.forum", *app_args]
-    if config == "plain":
+    if config in ("plain", "plain-control"):
         return app
     if config == "perfcast":
         return [sys.executable, "-m", "collector", "-o", str(spans), "--", *app]
+    if config == SAMPLED:
+        return [sys.executable, "-m", "collector", "-o", str(spans), "--sample", str(_sample[0]),
+                "--sample-window", str(_sample[1]), "--", *app]
     if config == BASELINE and _baseline_dir is not None:
         # DIR first on sys.path: the launcher and (through the PYTHONPATH it sets) the app import that collector
         run = "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('collector', run_name='__main__')"
@@ -208,10 +225,7 @@ def _load(url: str, client: str, users: int, duration_s: float, pages: int) -> t
 def measure(config: str, rnd: int, app_args: Sequence[str], args: argparse.Namespace, workdir: Path) -> Measurement:
     """Start the app in ``config``, load it, stop it; one :class:`Measurement`."""
     spans = workdir / f"{config}-{rnd}.jsonl"
-    env = {**os.environ, "PERFCAST_QUIET": "1"}
-    if config == "otel-asyncio":
-        env["OTEL_PYTHON_ASYNCIO_COROUTINE_NAMES_TO_TRACE"] = OTEL_ASYNCIO_COROUTINES
-    app = _Process(_app_command(config, app_args, spans), env=env)
+    app = _Process(_app_command(config, app_args, spans), env=_env(config))
     try:
         if args.warmup > 0:
             _load(app.url, args.client, args.users, args.warmup, args.pages)
@@ -222,14 +236,76 @@ def measure(config: str, rnd: int, app_args: Sequence[str], args: argparse.Names
         code = app.stop()
     if code not in (0, -signal.SIGINT, 130):
         raise RuntimeError(f"{config}: the app exited with {code}: {app.error_text()}")
-    lines = 0
-    if spans.exists():
-        with spans.open("rb") as f:
-            lines = sum(1 for _ in f)
-        spans.unlink()
+    lines, recorded = _spans_counts(spans)
     return Measurement(config, rnd, ok / seconds if seconds else 0.0, ok, errors, p50,
                        1000 * cpu / ok if ok else float("nan"), cpu / seconds if seconds else float("nan"),
-                       lines, os.getloadavg()[0])
+                       lines, os.getloadavg()[0], recorded)
+
+
+def _env(config: str) -> dict[str, str]:
+    env = {**os.environ, "PERFCAST_QUIET": "1"}
+    if config == "otel-asyncio":
+        env["OTEL_PYTHON_ASYNCIO_COROUTINE_NAMES_TO_TRACE"] = OTEL_ASYNCIO_COROUTINES
+    return env
+
+
+def _spans_counts(spans: Path) -> tuple[int, int]:
+    """(lines, request spans) of a spans file, which is then deleted."""
+    lines = recorded = 0
+    if spans.exists():
+        with spans.open("rb") as f:
+            for line in f:
+                lines += 1
+                recorded += line.count(_REQUEST_KIND)
+        spans.unlink()
+    return lines, recorded
+
+
+def measure_sliced(configs: Sequence[str], app_args: Sequence[str], args: argparse.Namespace,
+                   workdir: Path) -> list[Measurement]:
+    """All configurations up at once, loaded in turn for ``--duration`` seconds each, ``--rounds`` times.
+
+    On a shared machine whose speed drifts over minutes, short slices taken in turn from servers that stay up
+    compare the configurations under the same conditions; the order rotates each round. Each slice is one
+    :class:`Measurement` (its CPU is the app's over the slice); the spans counts go on each configuration's
+    last slice.
+    """
+    apps: dict[str, _Process] = {}
+    results: list[Measurement] = []
+    try:
+        for config in configs:
+            apps[config] = _Process(_app_command(config, app_args, workdir / f"{config}.jsonl"), env=_env(config))
+        for config in configs:
+            if args.warmup > 0:
+                _load(apps[config].url, args.client, args.users, args.warmup, args.pages)
+        for rnd in range(1, args.rounds + 1):
+            shift = (rnd - 1) % len(configs)
+            for config in [*configs[shift:], *configs[:shift]]:
+                app = apps[config]
+                cpu0 = app.cpu_s()
+                ok, errors, seconds, p50 = _load(app.url, args.client, args.users, args.duration, args.pages)
+                cpu = app.cpu_s() - cpu0
+                m = Measurement(config, rnd, ok / seconds if seconds else 0.0, ok, errors, p50,
+                                1000 * cpu / ok if ok else float("nan"), cpu / seconds if seconds else float("nan"),
+                                0, os.getloadavg()[0])
+                results.append(m)
+                _print_measurement(m)
+    finally:
+        for config, app in apps.items():
+            code = app.stop()
+            if code not in (0, -signal.SIGINT, 130):
+                raise RuntimeError(f"{config}: the app exited with {code}: {app.error_text()}")
+    for config in configs:
+        lines, recorded = _spans_counts(workdir / f"{config}.jsonl")
+        last = max(i for i, m in enumerate(results) if m.config == config)
+        results[last] = replace(results[last], spans_lines=lines, recorded_requests=recorded)
+    return results
+
+
+def _print_measurement(m: Measurement) -> None:
+    print(f"  round {m.round} {m.config:<16} {m.throughput_rps:8.1f} req/s  p50 {m.p50_ms:7.1f} ms  "
+          f"cpu {m.app_cpu_ms_per_request:6.2f} ms/req ({m.app_cpu_share:.2f} core)  errors {m.errors}  "
+          f"load {m.load_average:.1f}", flush=True)
 
 
 # --- dependencies --------------------------------------------------------------------------------------------
@@ -299,15 +375,16 @@ def _median(values: Sequence[float]) -> float:
 
 def report(results: Sequence[Measurement], configs: Sequence[str]) -> dict[str, dict[str, float]]:
     """Print per-round figures, medians and ratios to ``plain``; return the summary."""
-    print(f"\n{'config':<14}{'round':>6}{'req/s':>10}{'p50 ms':>10}{'cpu ms/req':>12}{'app cpu':>9}{'errors':>8}"
-          f"{'spans':>10}{'load avg':>10}")
+    print(f"\n{'config':<17}{'round':>6}{'req/s':>10}{'p50 ms':>10}{'cpu ms/req':>12}{'app cpu':>9}{'errors':>8}"
+          f"{'spans':>10}{'recorded':>10}{'load avg':>10}")
     for m in results:
-        print(f"{m.config:<14}{m.round:>6}{m.throughput_rps:>10.1f}{m.p50_ms:>10.1f}"
+        print(f"{m.config:<17}{m.round:>6}{m.throughput_rps:>10.1f}{m.p50_ms:>10.1f}"
               f"{m.app_cpu_ms_per_request:>12.2f}{m.app_cpu_share:>9.2f}{m.errors:>8}{m.spans_lines:>10}"
+              f"{m.recorded_requests:>10}"
               f"{m.load_average:>10.2f}")
     summary: dict[str, dict[str, float]] = {}
     base = [m for m in results if m.config == "plain"]
-    print(f"\n{'config':<14}{'median req/s':>14}{'ratio':>8}{'paired ratio':>14}{'median cpu ms/req':>19}{'ratio':>8}")
+    print(f"\n{'config':<17}{'median req/s':>14}{'ratio':>8}{'paired ratio':>14}{'median cpu ms/req':>19}{'ratio':>8}")
     for config in configs:
         mine = [m for m in results if m.config == config]
         rps = _median([m.throughput_rps for m in mine])
@@ -321,7 +398,7 @@ def report(results: Sequence[Measurement], configs: Sequence[str]) -> dict[str, 
                            "paired_ratio_to_plain": paired, "median_cpu_ms_per_request": cpu,
                            "cpu_ratio_to_plain": cpu / base_cpu if base_cpu else float("nan")}
         s = summary[config]
-        print(f"{config:<14}{rps:>14.1f}{s['ratio_to_plain']:>8.3f}{paired:>14.3f}{cpu:>19.2f}"
+        print(f"{config:<17}{rps:>14.1f}{s['ratio_to_plain']:>8.3f}{paired:>14.3f}{cpu:>19.2f}"
               f"{s['cpu_ratio_to_plain']:>8.3f}")
     share = _median([m.app_cpu_share for m in base])
     if share < 0.8:
@@ -342,8 +419,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_under_otel_asyncio(argv[1], argv[2], argv[3:])
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per configuration and round")
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per configuration and round")
+    p.add_argument("--restart", action="store_true",
+                   help="start each configuration's app afresh in every round (default: all stay up, loaded in "
+                        "turn)")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds of load first")
     p.add_argument("--users", type=int, default=32, help="closed-loop users (enough to saturate the app)")
     p.add_argument("--pages", type=int, default=20, help="index pages requested at random (/?page=1..N)")
@@ -355,7 +435,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--json", type=Path, help="also write all measurements and the summary here")
     p.add_argument("--baseline-collector", type=Path, metavar="DIR",
                    help=f"also measure the collector package in DIR as configuration {BASELINE!r}")
+    p.add_argument("--sample", type=float, default=0.01,
+                   help=f"the {SAMPLED!r} configuration's share of time recorded (default %(default)s)")
+    p.add_argument("--sample-window", type=float, default=0.2,
+                   help=f"the {SAMPLED!r} configuration's window length, seconds (default %(default)s)")
     args = p.parse_args(argv)
+    global _sample
+    _sample = (args.sample, args.sample_window)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if args.baseline_collector is not None:
         global _baseline_dir
@@ -382,18 +468,18 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"  the app, its dependencies and the load client share these CPUs")
     print(f"backend: {backend}\nclient: {args.client}, {args.users} closed-loop users, {args.duration:g} s "
           f"measured after {args.warmup:g} s warm-up, pages 1..{args.pages}\n"
-          f"configs: {', '.join(configs)}, interleaved, {args.rounds} rounds")
+          f"configs: {', '.join(configs)}, {'restarted' if args.restart else 'all up, loaded in turn'}, "
+          f"{args.rounds} rounds")
     results: list[Measurement] = []
     try:
         with tempfile.TemporaryDirectory(prefix="perfcast-overhead-") as tmp:
-            for rnd in range(1, args.rounds + 1):
+            if not args.restart:
+                results = measure_sliced(configs, app_args, args, Path(tmp))
+            for rnd in range(1, args.rounds + 1 if args.restart else 1):
                 for config in configs:
                     m = measure(config, rnd, app_args, args, Path(tmp))
                     results.append(m)
-                    print(f"  round {rnd} {config:<13} {m.throughput_rps:8.1f} req/s  "
-                          f"p50 {m.p50_ms:7.1f} ms  cpu {m.app_cpu_ms_per_request:6.2f} ms/req "
-                          f"({m.app_cpu_share:.2f} core)  errors {m.errors}  spans {m.spans_lines}  "
-                          f"load {m.load_average:.1f}", flush=True)
+                    _print_measurement(m)
     finally:
         for dep in deps:
             dep.stop()

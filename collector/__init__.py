@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from collector import _process, _runtime
+from collector import _process, _runtime, _sampling
 from collector._export import CountingExporter, JsonLinesSpanExporter
 from collector._instrumentor import AsyncioCausalityInstrumentor
 from collector._processor import CausalSpanProcessor
@@ -48,12 +48,18 @@ class Summary:
     """Failures inside the collector's hooks (counted, never raised into the app)."""
     untraced_steps: int
     """Task steps that ran outside any trace (not recorded)."""
+    sampled: tuple[int, int, int] | None = None
+    """With request sampling: (requests recorded, requests not recorded, windows opened)."""
 
     def line(self) -> str:
-        return (
+        text = (
             f"perfcast: spans written={self.written} dropped={self.dropped} "
             f"internal_errors={self.internal_errors} untraced_steps={self.untraced_steps}"
         )
+        if self.sampled is not None:
+            recorded, skipped, windows = self.sampled
+            text += f" requests recorded={recorded} not_recorded={skipped} windows={windows}"
+        return text
 
 
 @dataclass(slots=True)
@@ -84,6 +90,8 @@ def instrument(
     quiet: bool = False,
     otlp_http: bool | None = None,
     cpu_time: bool = True,
+    sample: float = 1.0,
+    sample_window_s: float = 0.5,
     settings: Settings | None = None,
 ) -> TracerProvider:
     """Install causal tracing in this process and start exporting spans.
@@ -106,6 +114,12 @@ def instrument(
         Do not print the summary line at exit.
     otlp_http
         Also export over OTLP/HTTP; None: when ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` is set.
+    sample
+        Request sampling: the long-run share of time during which new aiohttp server requests are recorded,
+        in windows of ``sample_window_s`` seconds opening at random (``collector._sampling``); outside them
+        the step hooks are out and the app runs at nearly its plain cost. 1 (the default): every request.
+    sample_window_s
+        Length of a sampling window, seconds.
     cpu_time
         Measure each task step's CPU time (up to two ``thread_time`` syscalls a step); off, ``perfcast.steps.cpu_ns``
         is left out and readers use the wall time.
@@ -138,13 +152,17 @@ def instrument(
                 quiet=quiet,
                 otlp_http=otlp_http,
                 cpu_time=cpu_time,
+                sample=sample,
+                sample_window_s=sample_window_s,
             )
         except ValueError as exc:
             raise CollectorError(str(exc)) from None
     name = (
         settings.service_name or os.path.basename(sys.argv[0] or "python") or "python"
     )
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    sampling = settings.sample < 1.0
+    provider = TracerProvider(resource=Resource.create({"service.name": name}),
+                              sampler=_sampling.otel_sampler() if sampling else None)
     counters: list[CountingExporter] = []
     downstream: list[Any] = []
 
@@ -187,7 +205,9 @@ def instrument(
         provider.resource,
         InstrumentationScope("perfcast.collector"),
     )
-    AsyncioCausalityInstrumentor().instrument(tracer_provider=provider)
+    AsyncioCausalityInstrumentor().instrument(tracer_provider=provider, hooked=not sampling)
+    if sampling:
+        _sampling.install(settings.sample, settings.sample_window_s)
     _process.start()
     if getattr(trace, "_TRACER_PROVIDER", None) is None:
         trace.set_tracer_provider(provider)
@@ -205,6 +225,7 @@ def uninstrument() -> Summary | None:
     if active is None:
         return None
     _active = None
+    sampler = _sampling.uninstall()
     AsyncioCausalityInstrumentor().uninstrument()
     _process.finish()
     active.provider.shutdown()
@@ -214,6 +235,7 @@ def uninstrument() -> Summary | None:
         dropped=active.processor.dropped,
         internal_errors=_runtime.internal_errors,
         untraced_steps=_runtime.untraced_steps,
+        sampled=(sampler.recorded, sampler.skipped, sampler.windows) if sampler is not None else None,
     )
 
 

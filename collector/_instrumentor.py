@@ -17,9 +17,11 @@ class AsyncioCausalityInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return []
 
     def _instrument(self, **kwargs: Any) -> None:
-        _tasks.install()
+        # hooked=False: the per-step and transport hooks are prepared but left out until a sampling window
+        hooked = kwargs.get("hooked", True)
+        _tasks.install(hooked)
         _sync.install()
-        _io.install(kwargs["tracer_provider"])
+        _io.install(kwargs["tracer_provider"], hooked)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         _tasks.uninstall()

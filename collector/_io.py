@@ -18,6 +18,7 @@ import re
 import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -131,7 +132,7 @@ def _blocking(call: str, fn: Any, *args: Any) -> Any:
     tracer = _runtime.tracer
     try:
         tracing = (
-            tracer is not None and trace.get_current_span().get_span_context().is_valid
+            tracer is not None and trace.get_current_span().get_span_context().trace_flags.sampled
         )
     except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
         _runtime.count_error("blocking")
@@ -199,7 +200,7 @@ async def _aiosqlite_execute(
     wrapped: Any, instance: Any, args: Any, kwargs: Any
 ) -> Any:
     tracer = _runtime.tracer
-    if tracer is None or not trace.get_current_span().get_span_context().is_valid:
+    if tracer is None or not trace.get_current_span().get_span_context().trace_flags.sampled:
         return await wrapped(*args, **kwargs)
     try:
         fn = args[0]
@@ -332,6 +333,44 @@ def io_attributes(system: str, name: str, attrs: Any) -> dict[str, Any]:
     return out
 
 
+# --- aiohttp client sessions: the contrib's trace config only while hooked ---------------------------------
+
+# Once a session has a trace config, aiohttp builds and sends every one of its tracing signals on every
+# request (about 3% of the example app's CPU, with the contrib's callbacks returning at their first check).
+# Outside sampling windows the contrib's configs are taken off the sessions, as its own
+# ``_uninstrument_session`` does, and put back when a window opens.
+_sessions: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+
+
+def _contrib_configs(session: Any) -> list[Any]:
+    return [tc for tc in session._trace_configs if hasattr(tc, "_is_instrumented_by_opentelemetry")]
+
+
+def _session_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:
+    wrapped(*args, **kwargs)
+    try:
+        configs = _contrib_configs(instance)
+        if configs:
+            _sessions[instance] = configs
+            if not _hooked:
+                _set_session_tracing(instance, configs, False)
+    except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
+        _runtime.count_error("client session")
+
+
+def _set_session_tracing(session: Any, configs: list[Any], on: bool) -> None:
+    others = [tc for tc in session._trace_configs if not any(tc is c for c in configs)]
+    session._trace_configs = others + configs if on else others
+
+
+def _set_all_sessions_tracing(on: bool) -> None:
+    for session, configs in list(_sessions.items()):
+        try:
+            _set_session_tracing(session, configs, on)
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
+            _runtime.count_error("client session")
+
+
 # --- install / uninstall -------------------------------------------------------------------------------------
 
 _instrumentors: list[Any] = []
@@ -371,28 +410,44 @@ def _contrib(tracer_provider: Any) -> None:
             _instrumentors.append(instrumentor)
 
 
-def install(tracer_provider: Any) -> None:
-    """Instrument the I/O clients, the transports, ``time.sleep``, blocking sockets and aiosqlite."""
+_hooks: dict[tuple[Any, str], tuple[Any, Any]] = {}
+"""(owner, attribute) -> (original, replacement) for the hooks ``hook()`` / ``unhook()`` swap."""
+_hooked = False
+
+
+def install(tracer_provider: Any, hooked: bool = True) -> None:
+    """Instrument the I/O clients, ``time.sleep`` and aiosqlite; prepare the transport and socket hooks and,
+    with ``hooked``, put them in place (else ``hook()`` does, later)."""
     global _aiosqlite_worker
     if _orig:
         return
     _contrib(tracer_provider)
     _orig["write"] = _Transport.write
-    _Transport.write = _write
+    _hooks[(_Transport, "write")] = (_Transport.__dict__["write"], _write)
     if "writelines" in _Transport.__dict__:
         _orig["writelines"] = _Transport.__dict__["writelines"]
-        _Transport.writelines = _writelines
+        _hooks[(_Transport, "writelines")] = (_orig["writelines"], _writelines)
     for name in ("_read_ready__data_received", "_read_ready__get_buffer"):
         _orig[name] = getattr(_Transport, name)
-        setattr(_Transport, name, _reader(name))
+        _hooks[(_Transport, name)] = (_Transport.__dict__[name], _reader(name))
     _Transport._perfcast_io = None
-    wrapt.wrap_function_wrapper(
-        asyncio.base_events, "BaseEventLoop.create_connection", _create_connection
+    create_connection = asyncio.base_events.BaseEventLoop.__dict__["create_connection"]
+    _hooks[(asyncio.base_events.BaseEventLoop, "create_connection")] = (
+        create_connection,
+        wrapt.FunctionWrapper(create_connection, _create_connection),
     )
+    for name in _SOCKET_METHODS:
+        # socket.socket inherits these from _socket.socket: "no own attribute" is the original state
+        _hooks[(socket.socket, name)] = (None, _socket_method(name))
     _orig["sleep"] = time.sleep
     time.sleep = _time_sleep
-    for name in _SOCKET_METHODS:
-        setattr(socket.socket, name, _socket_method(name))
+    try:
+        import aiohttp
+
+        _orig["ClientSession.__init__"] = aiohttp.ClientSession.__dict__["__init__"]
+        aiohttp.ClientSession.__init__ = wrapt.FunctionWrapper(_orig["ClientSession.__init__"], _session_init)
+    except ImportError:
+        pass
     try:
         import aiosqlite.core
 
@@ -409,6 +464,37 @@ def install(tracer_provider: Any) -> None:
         _orig["sqlite3.connect"] = connect.__wrapped__
         _orig["sqlite3.connect.traced"] = connect
         sqlite3.connect = wrapt.FunctionWrapper(connect, _sqlite3_connect)
+    if hooked:
+        hook()
+
+
+def hook() -> None:
+    """Put the transport, connection and socket hooks in place (round trips, bytes, blocking sockets).
+
+    Like the step hooks, these are class attributes applications do not bind by name: the request sampler
+    swaps them with the step hooks.
+    """
+    global _hooked
+    if _hooked or not _hooks:
+        return
+    for (owner, name), (_original, replacement) in _hooks.items():
+        setattr(owner, name, replacement)
+    _hooked = True
+    _set_all_sessions_tracing(True)
+
+
+def unhook() -> None:
+    """Take the transport, connection and socket hooks out."""
+    global _hooked
+    if not _hooked:
+        return
+    for (owner, name), (original, _replacement) in _hooks.items():
+        if original is None:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
+    _hooked = False
+    _set_all_sessions_tracing(False)
 
 
 def _unwrap(owner: Any, name: str) -> None:
@@ -429,21 +515,21 @@ def uninstall() -> None:
 
     if "sqlite3.connect.traced" in _orig:
         sqlite3.connect = _orig.pop("sqlite3.connect.traced")
+    unhook()
+    if "ClientSession.__init__" in _orig:
+        import aiohttp
+
+        _set_all_sessions_tracing(True)  # as they were made: the contrib's own uninstrument leaves them so
+        aiohttp.ClientSession.__init__ = _orig.pop("ClientSession.__init__")
+    _sessions.clear()
     while _instrumentors:
         try:
             _instrumentors.pop().uninstrument()
         except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("uninstrument")
-    _Transport.write = _orig["write"]
-    if "writelines" in _orig:
-        _Transport.writelines = _orig["writelines"]
-    for name in ("_read_ready__data_received", "_read_ready__get_buffer"):
-        setattr(_Transport, name, _orig[name])
+    _hooks.clear()
     del _Transport._perfcast_io
-    _unwrap(asyncio.base_events.BaseEventLoop, "create_connection")
     time.sleep = _orig["sleep"]
-    for name in _SOCKET_METHODS:
-        delattr(socket.socket, name)
     try:
         import aiosqlite.core
 

@@ -25,6 +25,8 @@ def child_environment(
     chunk_steps: int | None = None,
     resource_names: str | None = None,
     service_name: str | None = None,
+    sample: float | None = None,
+    sample_window_s: float | None = None,
 ) -> dict[str, str]:
     """The environment of the instrumented program: ``sitecustomize`` first on PYTHONPATH, settings in
     ``PERFCAST_*`` variables, and perfcast's own directory on the path so that ``collector`` imports."""
@@ -40,6 +42,8 @@ def child_environment(
         (environment.CHUNK_STEPS, chunk_steps),
         (environment.RESOURCE_NAMES, resource_names),
         (environment.SERVICE_NAME, service_name),
+        (environment.SAMPLE, sample),
+        (environment.SAMPLE_WINDOW, sample_window_s),
     ):
         if value is not None:
             env[name] = str(value)
@@ -132,12 +136,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-queue", type=int, default=None, help="export queue capacity, in spans"
     )
     parser.add_argument(
+        "--sample", type=float, default=None,
+        help="share of time requests are recorded, in random windows (0 < S <= 1; default 1: all)",
+    )
+    parser.add_argument(
+        "--sample-window", type=float, default=None, help="length of a sampling window, seconds (default 0.5)"
+    )
+    parser.add_argument(
         "command", nargs=argparse.REMAINDER, help="-- program and its arguments"
     )
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
-        return run(command, child_environment(args.output, max_queue=args.max_queue))
+        env = child_environment(args.output, max_queue=args.max_queue, sample=args.sample,
+                                sample_window_s=args.sample_window)
+        return run(command, env)
     except collector.CollectorError as exc:
         print(f"CollectorError: {exc}", file=sys.stderr)
         return 1

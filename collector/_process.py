@@ -13,12 +13,9 @@ second (the prediction is for the app without the collector).
 from __future__ import annotations
 
 import os
-import random
 import threading
 import time
 
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from collector import _runtime
 from collector import attributes as A
@@ -42,8 +39,7 @@ class ProcessClock:
 
     def emit(self) -> None:
         """Hand the span to the export pipeline; call before the pipeline shuts down (its threads still run)."""
-        sink = _runtime.emit
-        if sink is None:
+        if _runtime.emit is None:
             return
         with self.lock:
             now_ns, now, loop_ns, export_ns = self._read()
@@ -57,11 +53,7 @@ class ProcessClock:
             }
             start_ns = self.start_ns
             self.start_ns, self.times, self.loop_cpu_ns, self.export_ns = now_ns, now, loop_ns, export_ns
-        context = SpanContext(random.getrandbits(128) or 1, random.getrandbits(64) or 1, is_remote=False,
-                              trace_flags=TraceFlags(TraceFlags.SAMPLED))
-        sink(ReadableSpan(name="process", context=context, parent=None, resource=_runtime.resource,
-                          attributes=attributes, kind=SpanKind.INTERNAL, start_time=start_ns,
-                          end_time=now_ns, instrumentation_scope=_runtime.scope))
+        _runtime.emit_root_span("process", start_ns, now_ns, attributes)
 
 
 def _thread_cpu_ns(ident: int | None) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, SpanKind, Tracer
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, Tracer
 
 from collector.environment import Settings
 
@@ -62,6 +62,18 @@ def emit_span(
             instrumentation_scope=scope,
         )
     )
+
+
+def emit_root_span(name: str, start_ns: int, end_ns: int, attributes: dict[str, Any]) -> None:
+    """Hand a finished INTERNAL span of its own trace (a ``process`` or ``window`` span) to the export pipeline."""
+    sink = emit
+    if sink is None:
+        return
+    context = SpanContext(random.getrandbits(128) or 1, _span_id(), is_remote=False,
+                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    sink(ReadableSpan(name=name, context=context, parent=None, resource=resource, attributes=attributes,
+                      kind=SpanKind.INTERNAL, start_time=start_ns, end_time=end_ns,
+                      instrumentation_scope=scope))
 
 
 def _span_id() -> int:

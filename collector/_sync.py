@@ -158,7 +158,7 @@ def _begin(op: str) -> SyncState | None:
     if rec is None or _runtime.emit is None:
         return None
     parent = trace.get_current_span().get_span_context()
-    if not parent.is_valid:
+    if not (parent.is_valid and parent.trace_flags.sampled):
         return None
     sid = next(_ids)
     return SyncState(
@@ -564,5 +564,12 @@ def uninstall() -> None:
     while _saved:
         owner, name, original = _saved.pop()
         setattr(owner, name, original)
+    _open.clear()
+    _INLINE_OWNERS.clear()
+
+
+def forget() -> None:
+    """Drop the state of open sync points (the request sampler closes a window: the task records they refer
+    to are forgotten too)."""
     _open.clear()
     _INLINE_OWNERS.clear()

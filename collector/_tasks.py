@@ -33,6 +33,9 @@ _TASK_TYPES: tuple[type, ...] = tuple(
 )
 # The ContextVar holding OTel's current Context: read straight from each handle's contextvars.Context.
 _OTEL_VAR = getattr(otel_context._RUNTIME_CONTEXT, "_current_context", None)
+UNSAMPLED = otel_context.create_key("perfcast-unsampled")
+"""Set in the OTel context of the requests the sampler leaves out (``collector._sampling``): their steps are
+not measured and the tasks they create are not registered."""
 _perf_ns = time.perf_counter_ns
 _time_ns = time.time_ns
 _thread_ns = time.thread_time_ns
@@ -145,6 +148,8 @@ def _create_task(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     task = wrapped(*args, **kwargs)
     try:
         parent = _state.current
+        if parent is None and _sampling_roots_lazily:
+            return task  # registered at its first step if it runs in a recorded request
         if id(task) not in _records:
             rec = _register(task, parent)
             if parent is not None and parent.io_stack:
@@ -162,9 +167,12 @@ def _run(self: asyncio.events.Handle) -> None:
     if task is None or not isinstance(task, _TASK_TYPES):
         return _orig_run(self)
     ctx = self._context
+    octx0 = ctx.get(_OTEL_VAR)
+    if octx0 and UNSAMPLED in octx0:
+        # a request the sampler left out, running while a window is open or draining: not measured at all
+        return _orig_run(self)
     try:
         rec = _records.get(id(task)) or _register(task, None)
-        octx0 = ctx.get(_OTEL_VAR)
         if rec.wait_sync is not None:
             rec.wait_sync.resume(rec)
     except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
@@ -222,7 +230,7 @@ def _end_step(
     if span is not rec.span:
         if span is not None:
             sc = span.get_span_context()
-            if not sc.is_valid:
+            if not (sc.is_valid and sc.trace_flags.sampled):  # a trace the sampler dropped is not recorded
                 span = None
             elif sc.trace_id != rec.trace_id:
                 flush(rec, None)
@@ -345,36 +353,86 @@ def flush_all() -> None:
             _runtime.count_error("flush")
 
 
-def install() -> None:
-    """Patch ``Handle._run`` and wrap ``BaseEventLoop.create_task``."""
-    global _orig_run, _orig_call_later, _thread_ns
+_create_task_wrapper: Any = None
+_hooked = False
+_sampling_roots_lazily = False
+"""With request sampling: tasks created outside recorded steps are registered at their first recorded step
+(most are created by requests the sampler left out)."""
+
+
+def install(hooked: bool = True) -> None:
+    """Prepare the step hooks; with ``hooked``, put them in place at once (else ``hook()`` does, later, for
+    the request sampler's windows)."""
+    global _orig_run, _orig_call_later, _thread_ns, _create_task_wrapper, _sampling_roots_lazily
     if _orig_run is not None:
         return
+    _sampling_roots_lazily = not hooked
     _thread_ns = time.thread_time_ns if _runtime.settings.cpu_time else _no_cpu_clock
     if _OTEL_VAR is None:
         raise RuntimeError("opentelemetry's runtime context is not contextvars-based")
     _orig_run = asyncio.events.Handle._run
-    asyncio.events.Handle._run = _run  # type: ignore[method-assign]
-    wrapt.wrap_function_wrapper(
-        asyncio.base_events, "BaseEventLoop.create_task", _create_task
-    )
     _orig_call_later = asyncio.base_events.BaseEventLoop.call_later
+    _create_task_wrapper = wrapt.FunctionWrapper(
+        asyncio.base_events.BaseEventLoop.__dict__["create_task"], _create_task
+    )
+    if hooked:
+        hook()
+
+
+def hook() -> None:
+    """Put the per-step hooks in place: ``Handle._run``, ``create_task``, ``call_later``.
+
+    They are class attributes that applications do not bind by name, so they can be swapped while the loop
+    runs (the request sampler does, at the edges of its windows); a step already running finishes under the
+    ``_run`` it started with.
+    """
+    global _hooked
+    if _orig_run is None or _hooked:
+        return
+    asyncio.events.Handle._run = _run  # type: ignore[method-assign]
+    asyncio.base_events.BaseEventLoop.create_task = _create_task_wrapper  # type: ignore[method-assign]
     asyncio.base_events.BaseEventLoop.call_later = _call_later  # type: ignore[method-assign]
+    _hooked = True
+
+
+def unhook() -> None:
+    """Take the per-step hooks out (steps then run at their plain cost); records are kept."""
+    global _hooked
+    if _orig_run is None or not _hooked:
+        return
+    asyncio.base_events.BaseEventLoop.call_later = _orig_call_later  # type: ignore[method-assign]
+    asyncio.base_events.BaseEventLoop.create_task = _create_task_wrapper.__wrapped__  # type: ignore[method-assign]
+    asyncio.events.Handle._run = _orig_run  # type: ignore[method-assign]
+    _hooked = False
+
+
+def is_hooked() -> bool:
+    """Whether the per-step hooks are in place."""
+    return _hooked
+
+
+def traced_tasks_alive() -> bool:
+    """Whether a task whose last recorded step belonged to a trace has not finished yet."""
+    return any(rec.trace_id for rec in list(_records.values()))
+
+
+def forget() -> None:
+    """Emit the open chunks and forget every record (the tasks run on unrecorded until the next window,
+    where they are met as new tasks: their step counts and pending waits would be stale)."""
+    flush_all()
+    _records.clear()
+    SYNC_FUTURES.clear()
 
 
 def uninstall() -> None:
     """Undo ``install()``; emit open chunks first."""
-    global _orig_run, _orig_call_later
+    global _orig_run, _orig_call_later, _create_task_wrapper, _sampling_roots_lazily
     if _orig_run is None:
         return
     flush_all()
-    asyncio.base_events.BaseEventLoop.call_later = _orig_call_later  # type: ignore[method-assign]
-    _orig_call_later = None
-    asyncio.events.Handle._run = _orig_run  # type: ignore[method-assign]
-    _orig_run = None
-    wrapped = asyncio.base_events.BaseEventLoop.__dict__["create_task"]
-    if isinstance(wrapped, wrapt.FunctionWrapper):
-        asyncio.base_events.BaseEventLoop.create_task = wrapped.__wrapped__  # type: ignore[method-assign]
+    unhook()
+    _sampling_roots_lazily = False
+    _orig_run = _orig_call_later = _create_task_wrapper = None
     _state.current = None
     SYNC_FUTURES.clear()
     _records.clear()

@@ -16,6 +16,8 @@ Kinds of span (``perfcast.kind``):
   the causal attributes added by the collector.
 - ``process``: one per second of the collection (contiguous intervals): the process's CPU time (user,
   system), the loop thread's and the collector's export threads' during the interval.
+- ``window``: with request sampling (``--sample`` below 1), one per sampling window: the interval in which
+  requests were recorded, with its counts. Without ``window`` spans every request was recorded.
 - ``blocking``: a blocking call made on the event loop thread (``time.sleep``, a synchronous socket or
   sqlite3 call): serial compute, it holds the loop.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 from typing import Final
 
 KIND: Final = "perfcast.kind"
-"""One of ``request``, ``task``, ``sync``, ``io``, ``blocking``, ``process``."""
+"""One of ``request``, ``task``, ``sync``, ``io``, ``blocking``, ``process``, ``window``."""
 
 # --- on every span started inside an asyncio task ---------------------------------------------------------
 TASK_ID: Final = "perfcast.task.id"
@@ -143,6 +145,21 @@ PROCESS_EXPORT_NS: Final = "perfcast.process.export_ns"
 
 PROCESS_THREADS: Final = "perfcast.process.threads"
 """int: threads alive when the span was written."""
+
+# --- window spans (one per sampling window, with --sample below 1) ---------------------------------------
+WINDOW_RECORDED: Final = "perfcast.window.recorded"
+"""int: requests that started in the window and were recorded whole."""
+
+WINDOW_SKIPPED: Final = "perfcast.window.skipped"
+"""int: requests that started while the window was open or draining but were not recorded (they arrived
+on a step that began before the window opened, or after it stopped admitting)."""
+
+WINDOW_FRACTION: Final = "perfcast.window.fraction"
+"""float: the sampling fraction the collection ran with (long-run share of time inside windows)."""
+
+WINDOW_LENGTH_NS: Final = "perfcast.window.length_ns"
+"""int: the configured window length, ns; the span itself also covers the drain (recorded requests and
+their tasks finishing after the window stopped admitting)."""
 
 # --- blocking spans ---------------------------------------------------------------------------------------
 BLOCKING_CALL: Final = "perfcast.blocking.call"

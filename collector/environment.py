@@ -13,6 +13,8 @@ PERFCAST_RESOURCE_NAMES  (none)                       ``name=url,name=url``: nam
 PERFCAST_SERVICE_NAME    the program's name           ``service.name`` of the OTel resource
 PERFCAST_QUIET           ``0``                        ``1``: no exit summary line on stderr
 PERFCAST_CPU_TIME        ``1``                        ``0``: no per-step CPU time (saves 2 syscalls a step)
+PERFCAST_SAMPLE          ``1``                        share of time requests are recorded (windows), (0, 1]
+PERFCAST_SAMPLE_WINDOW   ``0.5``                      length of a sampling window, seconds
 ======================== ============================ =====================================================
 
 The standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` turn on OTLP/HTTP export.
@@ -31,6 +33,8 @@ RESOURCE_NAMES: str = "PERFCAST_RESOURCE_NAMES"
 SERVICE_NAME: str = "PERFCAST_SERVICE_NAME"
 QUIET: str = "PERFCAST_QUIET"
 CPU_TIME: str = "PERFCAST_CPU_TIME"
+SAMPLE: str = "PERFCAST_SAMPLE"
+SAMPLE_WINDOW: str = "PERFCAST_SAMPLE_WINDOW"
 SPAN_FD: str = "PERFCAST_SPAN_FD"
 """Set by the launcher: a pipe to send spans to it (it writes the file); removed for grandchildren."""
 
@@ -57,8 +61,16 @@ class Settings:
     """Also export over OTLP/HTTP (the standard OTEL_EXPORTER_OTLP_* variables configure it)."""
     span_fd: int | None = None
     """Send spans down this pipe to the launcher instead of writing ``output`` here."""
+    sample: float = 1.0
+    """Long-run share of time during which new requests are recorded (``collector._sampling``); 1: all."""
+    sample_window_s: float = 0.5
+    """Length of a sampling window, seconds (with ``sample`` below 1)."""
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.sample <= 1.0:
+            raise ValueError(f"sample must be in (0, 1], got {self.sample}")
+        if not self.sample_window_s > 0:
+            raise ValueError(f"sample window must be > 0 seconds, got {self.sample_window_s}")
         if self.max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
         if self.chunk_steps < 1:
@@ -92,6 +104,16 @@ def parse_resource_names(raw: str) -> dict[str, str]:
     return names
 
 
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}: expected a number, got {raw!r}") from None
+
+
 def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     """Read the ``PERFCAST_*`` variables (``os.environ`` by default) into a ``Settings``."""
     env = os.environ if env is None else env
@@ -108,4 +130,6 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
             or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         ),
         span_fd=_int(env, SPAN_FD, -1) if env.get(SPAN_FD) else None,
+        sample=_float(env, SAMPLE, 1.0),
+        sample_window_s=_float(env, SAMPLE_WINDOW, 0.5),
     )

@@ -28,12 +28,27 @@ from collector._launcher import child_environment, run
     "--resource-names", default=None, help="name=url,... names for I/O resources."
 )
 @click.option("--service-name", default=None, help="service.name of the spans.")
+@click.option(
+    "--sample",
+    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    default=None,
+    help="Record requests only in random windows covering this share of the time (e.g. 0.02 in production; "
+    "outside the windows the app runs at nearly its plain cost). Default 1: every request.",
+)
+@click.option(
+    "--sample-window",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="Length of a sampling window, seconds (default 0.5).",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def collect(
     output: str,
     max_queue: int | None,
     resource_names: str | None,
     service_name: str | None,
+    sample: float | None,
+    sample_window: float | None,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND (after --) with causal tracing installed; exit with its exit code.
@@ -45,6 +60,8 @@ def collect(
         max_queue=max_queue,
         resource_names=resource_names,
         service_name=service_name,
+        sample=sample,
+        sample_window_s=sample_window,
     )
     try:
         code = run(command, env)

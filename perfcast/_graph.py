@@ -40,7 +40,7 @@ def graph(spans_file: Path, output: Path, dot: Path | None, strict: bool, check:
     from analyzer.graph import NodeKind, dump_graphs, to_dot
     from analyzer.loadsim import background_from_spans
     from analyzer.selfcheck import self_check
-    from analyzer.spans import process_cpu, read_spans
+    from analyzer.spans import process_cpu, read_spans, sampling_windows
 
     out, err = Console(), Console(stderr=True)
     spans = read_spans(spans_file, strict=strict)
@@ -75,6 +75,12 @@ def graph(spans_file: Path, output: Path, dot: Path | None, strict: bool, check:
         out.print(f"process CPU per request {background.process_ms:.2f} ms, of which the graphs record "
                   f"{background.traced_ms:.2f} ms: {background.background_ms:.2f} ms of background CPU "
                   "(other threads, the kernel) kept for load predictions", highlight=False)
+    windows = sampling_windows(spans.spans)
+    if windows:
+        seconds = sum(w.end_ns - w.start_ns for w in windows) / 1e9
+        out.print(f"sampled collection: {len(spans.requests)} requests recorded in {len(windows)} windows "
+                  f"({seconds:.1f} s); process CPU is not divided among them (load predictions use the "
+                  "recorded compute only)", highlight=False)
     if show_nodes:
         for g in graphs:
             tree = Tree(f"[bold]{escape(g.route)}[/] variant {g.variant} ({g.count} requests)")
