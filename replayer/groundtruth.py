@@ -152,6 +152,9 @@ class GroundTruth:
     window_ns: tuple[int, int] = (0, 0)
     """Wall-clock (``time.time_ns``) start and end of the measured window."""
     error_examples: tuple[str, ...] = field(default=())
+    applied_delay_ms: Mapping[Resource, float] = field(default_factory=dict)
+    """resource -> the delay per round trip its proxy actually added (``Applied.added_ms`` plus the proxy's
+    lateness) over the run, warm-up included, for the resources given a delay."""
 
     def latencies(self, route: str) -> tuple[float, ...]:
         """Server-side latencies of ``route`` when recorded, else client-side."""
@@ -337,6 +340,8 @@ class Deployment:
     """resource -> ``host:port`` of its proxy."""
     spans: tuple[str, ...]
     """The spans files being written (one per app replica; empty without the collector)."""
+    proxies: Mapping[Resource, LatencyProxy] = field(default_factory=dict)
+    """resource -> the proxy in front of it (their :meth:`~LatencyProxy.applied_delay_ms`)."""
 
 
 BLOB_NAME = "blob"
@@ -411,7 +416,8 @@ def deploy(
         processes.append(blob)
         blob_url = blob.wait_listening()
         resources: dict[Resource, str] = {}
-        blob_proxy = proxies.start([_upstream(blob_url, "blob service")], delays.get("blob", 0.0))
+        by_resource: dict[Resource, LatencyProxy] = {}
+        blob_proxy = by_resource["blob"] = proxies.start([_upstream(blob_url, "blob service")], delays.get("blob", 0.0))
         resources["blob"] = blob_proxy.address
         app_args = [
             "--port", "0", "--blob-url", f"http://{blob_proxy.address}",
@@ -423,7 +429,7 @@ def deploy(
         for name, url, flag in (("redis", setup.redis_url, "--redis"), ("postgres", setup.postgres_url,
                                                                         "--postgres")):
             if url:
-                proxy = proxies.start([_upstream(url, name)], delays.get(name, 0.0))
+                proxy = by_resource[name] = proxies.start([_upstream(url, name)], delays.get(name, 0.0))
                 resources[name] = proxy.address
                 app_args += [flag, _via(url, proxy)]
         spans_files = _spans_files(spans, applied.app_replicas)
@@ -454,7 +460,7 @@ def deploy(
         if applied.cpu_pct > 0:
             step(f"starting a noisy neighbour taking {applied.cpu_pct:g} % of each core")
             stack.enter_context(_hog(applied.cpu_pct, app_cpus))
-        yield Deployment(url, f"http://{blob_proxy.address}", resources, tuple(spans_files))
+        yield Deployment(url, f"http://{blob_proxy.address}", resources, tuple(spans_files), by_resource)
         step("stopping")
 
 
@@ -496,7 +502,10 @@ def measure(
     step = on_step or (lambda text: None)
     with deploy(setup, applied, spans=spans, log_dir=log_dir, on_step=on_step) as d:
         step(f"loading it: {users} user{'s' if users > 1 else ''}, {requests} requests")
+        for proxy in d.proxies.values():
+            proxy.reset_lateness()  # from here: the load (warm-up included), not the start-up's connection set-up
         result, window = _load(d.url, users, requests, max_duration_s, warmup_requests, paths, setup.seed)
+        applied_delays = {name: p.applied_delay_ms() for name, p in d.proxies.items() if p.delay_ms > 0}
     client: dict[str, list[float]] = {}
     for path, ms in zip(result.paths, result.latencies_ms, strict=True):
         client.setdefault(route_of(path), []).append(ms)
@@ -506,6 +515,7 @@ def measure(
         client_ms={r: tuple(v) for r, v in client.items()},
         resources=d.resources, users=users, throughput_rps=result.throughput_rps, errors=result.errors,
         elapsed_s=result.elapsed_s, spans=d.spans, window_ns=window, error_examples=result.error_examples,
+        applied_delay_ms=applied_delays,
     )
 
 

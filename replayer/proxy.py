@@ -67,6 +67,24 @@ class LatencyProxy:
     _stopping: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _overshoot_s: float = 0.0
+    _late_s: list[float] = field(default_factory=list)
+    """How late each delayed chunk left (negative: early), appended by the releasing threads."""
+
+    def applied_delay_ms(self) -> float:
+        """The delay per round trip this proxy actually added since the last :meth:`reset_lateness`: the delay
+        asked for plus the mean lateness of the chunks it released, once per direction.
+
+        Its threads wake late when the machine is busy (about 0.15 ms per chunk when idle, more under load), so
+        a ground truth measured through it is for this delay, not exactly ``delay_ms``.
+        """
+        late = list(self._late_s)
+        if self.delay_ms <= 0 or not late:
+            return self.delay_ms
+        return self.delay_ms + 2000.0 * sum(late) / len(late)
+
+    def reset_lateness(self) -> None:
+        """Forget the lateness measured so far (at the start of a measured window)."""
+        self._late_s = []
 
     async def start(self) -> LatencyProxy:
         if not self.upstreams:
@@ -160,7 +178,8 @@ class LatencyProxy:
     def _pump(self, src: socket.socket, dst: socket.socket, delay_s: float, done: threading.Barrier) -> None:
         """Copy src -> dst, releasing each chunk ``delay_s`` after it arrived (order kept)."""
         chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
-        releaser = threading.Thread(target=self._release, args=(chunks, dst, self._overshoot_s), daemon=True)
+        releaser = threading.Thread(target=self._release, args=(chunks, dst, self._overshoot_s, delay_s > 0),
+                                    daemon=True)
         releaser.start()
         try:
             while True:
@@ -178,13 +197,15 @@ class LatencyProxy:
             except threading.BrokenBarrierError:
                 self._close(src, dst)
 
-    @staticmethod
-    def _release(chunks: queue.SimpleQueue[tuple[float, bytes]], dst: socket.socket, overshoot_s: float) -> None:
+    def _release(self, chunks: queue.SimpleQueue[tuple[float, bytes]], dst: socket.socket, overshoot_s: float,
+                 delayed: bool) -> None:
         while True:
             due, chunk = chunks.get()
             wait = due - time.monotonic() - overshoot_s
             if wait > 0:
                 time.sleep(wait)
+            if delayed and chunk:
+                self._late_s.append(time.monotonic() - due)  # list.append is atomic: no lock on this path
             if not chunk:
                 try:
                     dst.shutdown(socket.SHUT_WR)
