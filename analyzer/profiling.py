@@ -241,7 +241,10 @@ class RedisTarget:
 
 
 class PostgresTarget:
-    """A SQL statement through an ``asyncpg`` pool of ``concurrency`` connections (prepared, cached).
+    """A SQL statement on ``concurrency`` ``asyncpg`` connections, each held for the whole run (prepared, cached).
+
+    The connections come from a pool but are not released between calls: a release resets the connection, one
+    more round trip that is not the statement's, which would make an RTT profile of ``SELECT 1`` two round trips.
 
     ``op="SELECT"`` reads one row holding ``size_bytes`` (default 64) from the table ``perfcast_profile``
     (created when missing); any other text is run as written, with ``$1`` bound to ``size_bytes`` when it
@@ -259,6 +262,8 @@ class PostgresTarget:
         self.resource = _strip_credentials(url)
         self.round_trips = 1.0
         self._pool: Any = None
+        self._held: list[Any] = []
+        self._free: asyncio.Queue[Any] | None = None
         self._args: tuple[Any, ...] = ()
 
     async def open(self, concurrency: int) -> None:
@@ -266,32 +271,45 @@ class PostgresTarget:
 
         try:
             self._pool = await asyncpg.create_pool(self.url, min_size=concurrency, max_size=concurrency)
+            self._free = asyncio.Queue()
+            for _ in range(concurrency):
+                conn = await self._pool.acquire()
+                self._held.append(conn)
+                self._free.put_nowait(conn)
         except (OSError, asyncpg.PostgresError) as exc:
+            await self.close()
             raise ProfilingError(f"cannot reach PostgreSQL at {self.resource}: {exc}") from None
 
     async def prepare(self, size_bytes: int | None) -> None:
         size = 64 if size_bytes is None else size_bytes
-        async with self._pool.acquire() as conn:
-            if self.TABLE in self.sql:
-                await conn.execute(
-                    f"CREATE TABLE IF NOT EXISTS {self.TABLE} (id bigint PRIMARY KEY, payload bytea NOT NULL)"
-                )
-                await conn.execute(
-                    f"INSERT INTO {self.TABLE} VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET payload = $2",
-                    size, b"x" * size,
-                )
+        if self.TABLE in self.sql:
+            conn = self._held[0]  # every connection is held: the pool has none to lend
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.TABLE} (id bigint PRIMARY KEY, payload bytea NOT NULL)"
+            )
+            await conn.execute(
+                f"INSERT INTO {self.TABLE} VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET payload = $2",
+                size, b"x" * size,
+            )
         self._args = (size,) if "$1" in self.sql else ()
 
     async def call(self) -> None:
         import asyncpg
 
+        assert self._free is not None
+        conn = await self._free.get()
         try:
-            await self._pool.fetch(self.sql, *self._args)
+            await conn.fetch(self.sql, *self._args)
         except asyncpg.PostgresError as exc:
             raise ProfilingError(f"{self.api}: the statement failed: {exc}") from None
+        finally:
+            self._free.put_nowait(conn)
 
     async def close(self) -> None:
         if self._pool is not None:
+            for conn in self._held:
+                await self._pool.release(conn)
+            self._held = []
             await self._pool.close()
             self._pool = None
 

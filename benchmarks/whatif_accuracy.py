@@ -102,9 +102,8 @@ def _cases(setup: ForumSetup, users: int, big: int) -> list[Case]:
         cases.append(Case("location-redis", "location:redis=+10ms", Applied(added_ms=(("redis", 10.0),)),
                           selector="redis"))
     if setup.postgres_url:
-        # No RTT-profile variant here: a profiled SELECT 1 is more than one round trip (the pool's reset).
         cases.append(Case("location-postgres", "location:postgresql=+10ms",
-                          Applied(added_ms=(("postgres", 10.0),))))
+                          Applied(added_ms=(("postgres", 10.0),)), selector="postgresql"))
     cases.append(Case("size", f"size:{BLOB_NAME}[{BLOB_API}]={big}", Applied(payload_bytes=big)))
     cases += [
         Case("load", f"load:{users}", Applied(), users),

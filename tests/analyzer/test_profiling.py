@@ -136,6 +136,20 @@ async def test_postgres_select_profile(postgres_url: str, tmp_path: Path) -> Non
     store.close()
 
 
+async def test_postgres_calls_make_one_round_trip_each(postgres_url: str) -> None:
+    from urllib.parse import urlsplit
+
+    from replayer.proxy import LatencyProxy, Upstream
+
+    parts = urlsplit(postgres_url)
+    async with LatencyProxy([Upstream(parts.hostname or "127.0.0.1", parts.port or 5432)], delay_ms=20) as proxy:
+        url = postgres_url.replace(parts.netloc.rpartition("@")[2], proxy.address)
+        (result,) = await profile_target(PostgresTarget(url, "SELECT 1"), rule=StopRule(rse=0.05, min_count=15,
+                                                                                         budget_s=2.0))
+    # one 20 ms round trip per call; releasing a pooled connection after each call (its reset) would add another
+    assert 20.0 <= float(np.median(result.samples_ms)) < 30.0
+
+
 @pytest.fixture
 async def http_server() -> AsyncIterator[str]:
     async def blob(request: web.Request) -> web.Response:
