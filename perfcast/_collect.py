@@ -32,7 +32,7 @@ from collector._launcher import child_environment, run
     "--sample",
     type=click.FloatRange(min=0.0, max=1.0, min_open=True),
     default=None,
-    help="Record requests only in random windows covering this share of the time (e.g. 0.02 in production; "
+    help="Record requests only in random windows covering this share of the time (e.g. 0.01 in production; "
     "outside the windows the app runs at nearly its plain cost). Default 1: every request.",
 )
 @click.option(
