@@ -52,6 +52,9 @@ class BlobServiceConfig:
 
 _CONFIG = web.AppKey("config", BlobServiceConfig)
 _RNG = web.AppKey("rng", random.Random)
+_AD_RNG = web.AppKey("ad_rng", random.Random)
+"""The ads' own stream: the k-th ``/ad`` call is slow or not whatever the ``/recommend`` calls drew before it, so
+that two seeded runs that make the same calls (a baseline and a what-if scenario) see the same slow ads."""
 _KV: web.AppKey[dict[str, tuple[float | None, str]]] = web.AppKey("kv")
 """key -> (monotonic expiry or None, value)"""
 _MAX_BLOB = 64 * 1024 * 1024
@@ -142,7 +145,7 @@ async def _recommend(request: web.Request) -> web.Response:
 
 async def _ad(request: web.Request) -> web.Response:
     config = request.app[_CONFIG]
-    slow = request.app[_RNG].random() < config.ad_slow_fraction
+    slow = request.app[_AD_RNG].random() < config.ad_slow_fraction
     await _delay(request, config.ad_slow_ms if slow else config.ad_ms)
     return web.json_response({"ad": "Try perfectly ordinary widgets", "slow": slow})
 
@@ -156,6 +159,7 @@ def build_blob_app(config: BlobServiceConfig) -> web.Application:
     app = web.Application(client_max_size=_MAX_BLOB)
     app[_CONFIG] = config
     app[_RNG] = random.Random(config.seed)
+    app[_AD_RNG] = random.Random(None if config.seed is None else config.seed + 1)
     app[_KV] = {}
     app.router.add_get("/blob/{id}", _blob)
     # Keys go in the query string, so that every call of one kind has one path (one operation).

@@ -73,3 +73,20 @@ async def test_embedded_services_run_on_their_own_loop_and_ports() -> None:
     finally:
         await asyncio.to_thread(services.stop)
     await asyncio.to_thread(services.stop)  # idempotent
+
+
+async def test_seeded_slow_ads_do_not_depend_on_the_recommendations_drawn_before() -> None:
+    config = BlobServiceConfig(ad_ms=0, ad_slow_fraction=0.5, ad_slow_ms=0, replica_jitter_ms=0.1, seed=7)
+    sequences = []
+    for recommends in (0, 3):
+        client = await _client(config)
+        try:
+            flags = []
+            for _ in range(12):
+                for _ in range(recommends):  # other calls draw from the service's random stream in between
+                    await (await client.get("/recommend", params={"user": "1"})).json()
+                flags.append((await (await client.get("/ad")).json())["slow"])
+            sequences.append(flags)
+        finally:
+            await client.close()
+    assert sequences[0] == sequences[1] and 0 < sum(sequences[0]) < 12
