@@ -237,6 +237,12 @@ def measure(config: str, rnd: int, app_args: Sequence[str], args: argparse.Names
     if code not in (0, -signal.SIGINT, 130):
         raise RuntimeError(f"{config}: the app exited with {code}: {app.error_text()}")
     lines, recorded = _spans_counts(spans)
+    return _measurement(config, rnd, ok, errors, seconds, p50, cpu, lines, recorded)
+
+
+def _measurement(config: str, rnd: int, ok: int, errors: int, seconds: float, p50: float, cpu: float,
+                 lines: int = 0, recorded: int = 0) -> Measurement:
+    """A :class:`Measurement` from a load run's counts and the app's CPU seconds over it."""
     return Measurement(config, rnd, ok / seconds if seconds else 0.0, ok, errors, p50,
                        1000 * cpu / ok if ok else float("nan"), cpu / seconds if seconds else float("nan"),
                        lines, os.getloadavg()[0], recorded)
@@ -285,9 +291,7 @@ def measure_sliced(configs: Sequence[str], app_args: Sequence[str], args: argpar
                 cpu0 = app.cpu_s()
                 ok, errors, seconds, p50 = _load(app.url, args.client, args.users, args.duration, args.pages)
                 cpu = app.cpu_s() - cpu0
-                m = Measurement(config, rnd, ok / seconds if seconds else 0.0, ok, errors, p50,
-                                1000 * cpu / ok if ok else float("nan"), cpu / seconds if seconds else float("nan"),
-                                0, os.getloadavg()[0])
+                m = _measurement(config, rnd, ok, errors, seconds, p50, cpu)
                 results.append(m)
                 _print_measurement(m)
     finally:

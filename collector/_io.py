@@ -422,14 +422,14 @@ def install(tracer_provider: Any, hooked: bool = True) -> None:
     if _orig:
         return
     _contrib(tracer_provider)
-    _orig["write"] = _Transport.write
-    _hooks[(_Transport, "write")] = (_Transport.__dict__["write"], _write)
+    _orig["write"] = _Transport.__dict__["write"]
+    _hooks[(_Transport, "write")] = (_orig["write"], _write)
     if "writelines" in _Transport.__dict__:
         _orig["writelines"] = _Transport.__dict__["writelines"]
         _hooks[(_Transport, "writelines")] = (_orig["writelines"], _writelines)
     for name in ("_read_ready__data_received", "_read_ready__get_buffer"):
-        _orig[name] = getattr(_Transport, name)
-        _hooks[(_Transport, name)] = (_Transport.__dict__[name], _reader(name))
+        _orig[name] = _Transport.__dict__[name]
+        _hooks[(_Transport, name)] = (_orig[name], _reader(name))
     _Transport._perfcast_io = None
     create_connection = asyncio.base_events.BaseEventLoop.__dict__["create_connection"]
     _hooks[(asyncio.base_events.BaseEventLoop, "create_connection")] = (

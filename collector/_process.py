@@ -16,7 +16,6 @@ import os
 import threading
 import time
 
-
 from collector import _runtime
 from collector import attributes as A
 
@@ -53,7 +52,7 @@ class ProcessClock:
             }
             start_ns = self.start_ns
             self.start_ns, self.times, self.loop_cpu_ns, self.export_ns = now_ns, now, loop_ns, export_ns
-        _runtime.emit_root_span("process", start_ns, now_ns, attributes)
+        _runtime.emit_span("process", None, start_ns, now_ns, attributes)
 
 
 def _thread_cpu_ns(ident: int | None) -> int:

@@ -38,7 +38,8 @@ _logged: int = 0
 def emit_span(
     name: str, parent: Any, start_ns: int, end_ns: int, attributes: dict[str, Any]
 ) -> None:
-    """Hand a finished INTERNAL span, child of ``parent`` (a SpanContext), straight to the export pipeline.
+    """Hand a finished INTERNAL span, child of ``parent`` (a SpanContext), straight to the export pipeline;
+    ``parent=None`` makes it the root of a trace of its own (a ``process`` or ``window`` span).
 
     perfcast's own spans are built whole when their facts are known, as ReadableSpans: going through the SDK's
     Span (locks, attribute validation, processors' on_start) costs several times more.
@@ -46,9 +47,11 @@ def emit_span(
     sink = emit
     if sink is None:
         return
-    context = SpanContext(
-        parent.trace_id, _span_id(), is_remote=False, trace_flags=parent.trace_flags
-    )
+    if parent is None:
+        context = SpanContext(random.getrandbits(128) or 1, _span_id(), is_remote=False,
+                              trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    else:
+        context = SpanContext(parent.trace_id, _span_id(), is_remote=False, trace_flags=parent.trace_flags)
     sink(
         ReadableSpan(
             name=name,
@@ -62,18 +65,6 @@ def emit_span(
             instrumentation_scope=scope,
         )
     )
-
-
-def emit_root_span(name: str, start_ns: int, end_ns: int, attributes: dict[str, Any]) -> None:
-    """Hand a finished INTERNAL span of its own trace (a ``process`` or ``window`` span) to the export pipeline."""
-    sink = emit
-    if sink is None:
-        return
-    context = SpanContext(random.getrandbits(128) or 1, _span_id(), is_remote=False,
-                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
-    sink(ReadableSpan(name=name, context=context, parent=None, resource=resource, attributes=attributes,
-                      kind=SpanKind.INTERNAL, start_time=start_ns, end_time=end_ns,
-                      instrumentation_scope=scope))
 
 
 def _span_id() -> int:

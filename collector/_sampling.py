@@ -157,8 +157,9 @@ class WindowSampler:
         self._emit_window()
 
     def _emit_window(self) -> None:
-        _runtime.emit_root_span(
+        _runtime.emit_span(
             "sampling window",
+            None,
             self.open_ns,
             self.drained_ns if self.drained_at else time.time_ns(),
             {

@@ -564,8 +564,7 @@ def uninstall() -> None:
     while _saved:
         owner, name, original = _saved.pop()
         setattr(owner, name, original)
-    _open.clear()
-    _INLINE_OWNERS.clear()
+    forget()
 
 
 def forget() -> None:

@@ -429,10 +429,8 @@ def uninstall() -> None:
     global _orig_run, _orig_call_later, _create_task_wrapper, _sampling_roots_lazily
     if _orig_run is None:
         return
-    flush_all()
+    forget()
     unhook()
     _sampling_roots_lazily = False
     _orig_run = _orig_call_later = _create_task_wrapper = None
     _state.current = None
-    SYNC_FUTURES.clear()
-    _records.clear()

@@ -23,8 +23,9 @@ The standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPO
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 OUTPUT: str = "PERFCAST_OUTPUT"
 MAX_QUEUE: str = "PERFCAST_MAX_QUEUE"
@@ -35,6 +36,8 @@ QUIET: str = "PERFCAST_QUIET"
 CPU_TIME: str = "PERFCAST_CPU_TIME"
 SAMPLE: str = "PERFCAST_SAMPLE"
 SAMPLE_WINDOW: str = "PERFCAST_SAMPLE_WINDOW"
+T = TypeVar("T")
+
 SPAN_FD: str = "PERFCAST_SPAN_FD"
 """Set by the launcher: a pipe to send spans to it (it writes the file); removed for grandchildren."""
 
@@ -77,16 +80,22 @@ class Settings:
             raise ValueError(f"chunk_steps must be >= 1, got {self.chunk_steps}")
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
+def _number(env: Mapping[str, str], name: str, default: T, kind: Callable[[str], T], what: str) -> T:
     raw = env.get(name, "").strip()
     if not raw:
         return default
     try:
-        return int(raw)
+        return kind(raw)
     except ValueError:
-        raise ValueError(
-            f"environment variable {name}: expected an integer, got {raw!r}"
-        ) from None
+        raise ValueError(f"environment variable {name}: expected {what}, got {raw!r}") from None
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    return _number(env, name, default, int, "an integer")
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    return _number(env, name, default, float, "a number")
 
 
 def parse_resource_names(raw: str) -> dict[str, str]:
@@ -102,16 +111,6 @@ def parse_resource_names(raw: str) -> dict[str, str]:
             raise ValueError(f"{RESOURCE_NAMES}: expected name=url, got {item!r}")
         names[url] = name
     return names
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}: expected a number, got {raw!r}") from None
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
