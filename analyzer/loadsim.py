@@ -104,6 +104,9 @@ class Workload:
     """Per node: CPU (ms) no request records that the process spends for this call (other threads under the
     GIL, the kernel's share): queued on the CPU server when the call's wait starts, and the call cannot end
     before it is served; not part of the request's path otherwise. On the start node: per request."""
+    holds: tuple[int, ...] = ()
+    """Per node: -1, or the pooled io node whose connection this node still holds, returned when it ends (the
+    calling task's next step: a pool takes the connection back in the code that runs after the answer)."""
 
 
 _MAX_DEPTH = 4
@@ -151,6 +154,7 @@ def simulate(
                 s[p].append(j)
         succ.append(s)
         need0.append(w.plan.waits_for())
+    deferred = [{h for h in w.holds if h >= 0} for w in workloads]  # pooled calls a later step releases
     cursor = [0] * len(workloads)
     out: list[list[float]] = [[] for _ in workloads]
     heap: list[tuple[float, int, int, int, int]] = []  # (time, seq, request, node, phase)
@@ -281,13 +285,17 @@ def simulate(
             g = w.group[j] if w.group else -1
             if g >= 0:
                 inflight[g] -= 1
-            p = w.pool[j] if w.pool else -1
-            if p >= 0:
-                if waiting[p]:
-                    r2, j2 = waiting[p].popleft()
-                    start_io(r2, j2, t, float(workloads[req_kind[r2]].durations[j2, req_col[r2]]))
-                else:
-                    free[p] += 1
+        p = -1
+        if w.holds and w.holds[j] >= 0:
+            p = w.pool[w.holds[j]]  # the step after a pooled call ended: its connection goes back now
+        elif phase == 1 and w.pool and j not in deferred[k]:
+            p = w.pool[j]
+        if p >= 0:
+            if waiting[p]:
+                r2, j2 = waiting[p].popleft()
+                start_io(r2, j2, t, float(workloads[req_kind[r2]].durations[j2, req_col[r2]]))
+            else:
+                free[p] += 1
         need = req_need[r]
         for nxt in succ[k][j]:
             need[nxt] -= 1
@@ -431,16 +439,21 @@ def simulate_scenario(
             if target < 0:
                 curves.register(gi, j, node, durations[j])
         has_cpu = bool(cpu_before.any() or cpu_after.any())
+        holds = _pool_holders(graph, model.plan.ids, pool)
         parts.append((model.plan, durations, tuple(on_loop), tuple(pool), tuple(group), tuple(nested), tuple(server),
-                      cpu_before if has_cpu else None, cpu_after if has_cpu else None))
+                      cpu_before if has_cpu else None, cpu_after if has_cpu else None, holds))
     # weights once every nested call is known
     weights = [nesting.weight(gi) for gi in range(len(graphs))]
     background, how = _background(graphs, [p[0] for p in parts], weights)
     if how:
         notes.append(how)
     workloads = [Workload(plan, durations, loop, pool, group, weights[gi], nested, server, before, after,
-                          background[gi])
-                 for gi, (plan, durations, loop, pool, group, nested, server, before, after) in enumerate(parts)]
+                          background[gi], holds)
+                 for gi, (plan, durations, loop, pool, group, nested, server, before, after, holds)
+                 in enumerate(parts)]
+    if any(h >= 0 for w in workloads for h in w.holds):
+        notes.append("a pooled connection is returned when the calling task's next step ends (where the pool "
+                     "takes it back), not when the answer arrives: under load that step waits for the loop too")
     waits = sorted({round(float(g.meta[WAIT_SCALE_KEY]), 3) for g in graphs if WAIT_SCALE_KEY in g.meta})
     if waits:
         notes.append(f"calibrated waits: io waits, wake-ups and start/end x {', '.join(map(str, waits))} (latency "
@@ -471,6 +484,27 @@ def simulate_scenario(
         adjust=curves.adjust if curves.any else None, routes=nesting.routes, servers=nesting.servers,
     )
     return latencies, notes
+
+
+def _pool_holders(graph: CausalGraph, ids: Sequence[str], pool: Sequence[int]) -> tuple[int, ...]:
+    """Per node: the pooled io node whose connection it returns when it ends, or -1.
+
+    A pool's connection goes back in the code after the answer (asyncpg's ``pool.fetch`` releases it when its
+    ``async with`` block exits), so it is held until the calling task's next step, the compute node of the
+    same task that follows the call, has run; when no such step follows, at the answer.
+    """
+    where = {node_id: j for j, node_id in enumerate(ids)}
+    holds = [-1] * len(ids)
+    for j, node_id in enumerate(ids):
+        if j >= len(pool) or pool[j] < 0:
+            continue
+        task = graph.node(node_id).task
+        for nxt in graph.dag.successors(node_id):
+            node = graph.node(nxt)
+            if node.kind is NodeKind.COMPUTE and node.task == task and nxt in where and holds[where[nxt]] < 0:
+                holds[where[nxt]] = j
+                break
+    return tuple(holds)
 
 
 def _io_cpu(node: Node, idx: npt.NDArray[np.intp]) -> tuple[FloatArray, FloatArray]:

@@ -155,6 +155,9 @@ class GroundTruth:
     applied_delay_ms: Mapping[Resource, float] = field(default_factory=dict)
     """resource -> the delay per round trip its proxy actually added (``Applied.added_ms`` plus the proxy's
     lateness) over the run, warm-up included, for the resources given a delay."""
+    app_cpu_ms: tuple[float, float] = (0.0, 0.0)
+    """(user, system) CPU the serving app replicas spent in the measured window, per measured request (psutil):
+    with the collector's spans off, the app's own demand (``analyzer.loadsim.background_demand``)."""
 
     def latencies(self, route: str) -> tuple[float, ...]:
         """Server-side latencies of ``route`` when recorded, else client-side."""
@@ -342,6 +345,8 @@ class Deployment:
     """The spans files being written (one per app replica; empty without the collector)."""
     proxies: Mapping[Resource, LatencyProxy] = field(default_factory=dict)
     """resource -> the proxy in front of it (their :meth:`~LatencyProxy.applied_delay_ms`)."""
+    app_pids: tuple[int, ...] = ()
+    """The app replicas' processes that serve (a stopped replica left out)."""
 
 
 BLOB_NAME = "blob"
@@ -460,7 +465,9 @@ def deploy(
         if applied.cpu_pct > 0:
             step(f"starting a noisy neighbour taking {applied.cpu_pct:g} % of each core")
             stack.enter_context(_hog(applied.cpu_pct, app_cpus))
-        yield Deployment(url, f"http://{blob_proxy.address}", resources, tuple(spans_files), by_resource)
+        serving = [p.proc.pid for p in processes[1:] if p.proc.poll() is None]
+        yield Deployment(url, f"http://{blob_proxy.address}", resources, tuple(spans_files), by_resource,
+                         tuple(serving))
         step("stopping")
 
 
@@ -504,7 +511,8 @@ def measure(
         step(f"loading it: {users} user{'s' if users > 1 else ''}, {requests} requests")
         for proxy in d.proxies.values():
             proxy.reset_lateness()  # from here: the load (warm-up included), not the start-up's connection set-up
-        result, window = _load(d.url, users, requests, max_duration_s, warmup_requests, paths, setup.seed)
+        result, window, cpu_s = _load(d.url, users, requests, max_duration_s, warmup_requests, paths, setup.seed,
+                                      d.app_pids)
         applied_delays = {name: p.applied_delay_ms() for name, p in d.proxies.items() if p.delay_ms > 0}
     client: dict[str, list[float]] = {}
     for path, ms in zip(result.paths, result.latencies_ms, strict=True):
@@ -516,6 +524,7 @@ def measure(
         resources=d.resources, users=users, throughput_rps=result.throughput_rps, errors=result.errors,
         elapsed_s=result.elapsed_s, spans=d.spans, window_ns=window, error_examples=result.error_examples,
         applied_delay_ms=applied_delays,
+        app_cpu_ms=tuple(1e3 * x / len(result.latencies_ms) for x in cpu_s),  # type: ignore[arg-type]
     )
 
 
@@ -529,21 +538,35 @@ def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[st
 
 
 def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: int, paths: Sequence[str],
-          seed: int | None) -> tuple[Any, tuple[int, int]]:
+          seed: int | None, pids: Sequence[int] = ()) -> tuple[Any, tuple[int, int], tuple[float, float]]:
+    """(the load's result, its wall-clock window, the (user, system) CPU seconds ``pids`` spent in it)."""
     from examples.forum.load import run_load_subprocess
 
     try:
         if warmup:
             run_load_subprocess(url, users=users, requests=warmup, paths=tuple(paths), seed=seed)
+        cpu0 = _cpu_s(pids)
         begin = time.time_ns()
         result = run_load_subprocess(url, users=users, requests=requests, duration_s=max_duration_s,
                                      paths=tuple(paths), seed=None if seed is None else seed + 1)
         end = time.time_ns()
+        cpu1 = _cpu_s(pids)
     except RuntimeError as exc:
         raise GroundTruthError(str(exc)) from None
     if not result.latencies_ms:
         raise GroundTruthError(f"no request succeeded: {'; '.join(result.error_examples) or 'no answer'}")
-    return result, (begin, end)
+    return result, (begin, end), (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1])
+
+
+def _cpu_s(pids: Sequence[int]) -> tuple[float, float]:
+    """(user, system) CPU seconds the processes ``pids`` have spent so far."""
+    import psutil  # type: ignore[import-untyped]
+
+    user = system = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        user, system = user + times.user, system + times.system
+    return user, system
 
 
 def _server_latencies(files: Sequence[str], window: tuple[int, int]) -> dict[str, list[float]]:

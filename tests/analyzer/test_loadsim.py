@@ -114,6 +114,19 @@ class TestCpuModel:
         assert 40 / (0.5 * a.predicted.mean + 0.5 * b.predicted.mean) == pytest.approx(0.5, rel=0.03)
 
 
+    def test_pooled_connection_returns_after_the_callers_next_step(self) -> None:
+        # a 10 ms call through a pool of one connection, then 5 ms of compute in the same task, 2 users: the
+        # connection goes back when that step ends (15 ms held per request), so a request takes 2 x 15 ms; were
+        # it returned with the answer, 10 ms held per request would give 2 x 10 ms
+        g = chain("GET /", io("a", 10.0), compute("c", 5.0))
+        assert mean_latency([g], "load:2?pool.redis=1") == pytest.approx(30.0, rel=0.01)
+        (p,) = predict([g], "load:2?pool.redis=1", samples=100, rng=rng())
+        assert any("next step ends" in n for n in p.notes)
+
+    def test_another_tasks_step_does_not_hold_the_connection(self) -> None:
+        g = chain("GET /", io("a", 10.0), Node("c", NodeKind.COMPUTE, (5.0,) * 20, task="other", cpu_ms=(5.0,) * 20))
+        assert mean_latency([g], "load:2?pool.redis=1") == pytest.approx(20.0, rel=0.01)
+
     def test_calibrated_cpu_replaces_wall_time(self) -> None:
         # compute of 4 ms wall, 2 ms CPU (the rest was contention at collection); the process without the
         # collector used 1.5 ms per request in all: scale 0.75, so the loop holds 1.5 ms per request

@@ -61,6 +61,9 @@ def test_location_is_applied_and_every_round_trip_pays_it() -> None:
     assert min(post) >= 30.0
     assert truth.server_ms == {}  # not collected
     assert set(truth.resources) == {"blob"}
+    # the app's own CPU per request: some user-mode time, and far less than a request's 30 ms wall time
+    user_ms, system_ms = truth.app_cpu_ms
+    assert 0 < user_ms < 30.0 and system_ms >= 0
 
 
 def test_collected_run_gives_server_latencies_inside_the_window(tmp_path: Path) -> None:
@@ -90,6 +93,7 @@ def test_failure_routes_all_load_to_the_surviving_replica() -> None:
                     warmup_requests=2, paths=("/post/{n}",))
     # replica 2 is stopped: had the balancer still sent connections to it, they would have failed
     assert truth.errors == 0 and len(truth.client_ms["GET /post/{id}"]) == 10
+    assert truth.app_cpu_ms[0] > 0  # the surviving replica's CPU (the stopped one is not counted)
 
 
 def test_an_app_that_cannot_start_raises_with_its_log() -> None:
