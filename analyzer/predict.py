@@ -20,8 +20,10 @@ How each change turns into node durations (``--explain`` prints it for every nod
   else a linear cost model fitted on the baseline: ``d_i + b * (BYTES - payload_i)`` with the per-byte cost
   ``b`` the Theil-Sen slope of duration on payload (max of request and response bytes) over every recorded
   call of that api to that resource. That needs payloads that vary; otherwise a ProfileError says to profile.
-- ``interference:cpu=PCT``: a compute node's CPU time ``c_i`` is stretched by :func:`cpu_slowdown`, its
-  waiting part unchanged; without a CPU measurement the whole segment counts as CPU.
+- ``interference:cpu=PCT``: a compute node gains what the store's CPU profiles say a neighbour at PCT adds
+  to its CPU time ``c_i``, drawn per sample (:mod:`analyzer.interference`); without them ``c_i`` is
+  stretched by the fair-share :func:`~analyzer.interference.cpu_slowdown`. Its waiting part is unchanged;
+  without a CPU measurement the whole segment counts as CPU.
 - timer nodes racing work (``timeout_ms`` set) take their timeout, whatever the recorded request did.
 """
 
@@ -44,6 +46,7 @@ from analyzer.distribution import (
 )
 from analyzer.errors import GraphError, ProfileError, ScenarioError
 from analyzer.graph import CausalGraph, Node, NodeKind
+from analyzer.interference import cpu_slowdown, extra_ms, stretch_profile
 from analyzer.scenario import (
     Failure,
     Interference,
@@ -423,6 +426,14 @@ class _MemoStore:
     def __init__(self, store: SupportsSelect) -> None:
         self.store = store
         self.memo: dict[tuple[Any, ...], _SelectionLike | ProfileError] = {}
+        self._keys: list[Any] | None = None
+
+    def keys(self) -> list[Any]:
+        """The store's profile keys (none for a store that cannot list them)."""
+        if self._keys is None:
+            listing = getattr(self.store, "keys", None)
+            self._keys = list(listing()) if listing is not None else []
+        return self._keys
 
     def select(
         self, api: str, resource: str, labels: Mapping[str, str], param: str = "", value: float | None = None
@@ -478,6 +489,7 @@ def node_durations(
     per_request = _CopyOnWrite(base)
     per_sample: dict[int, FloatArray] = {}
     cpu = [c for c in scenario.changes if isinstance(c, Interference)]
+    stretch = stretch_profile(store, cpu[-1].cpu_pct) if cpu and store is not None else None
     for j, node_id in enumerate(plan.ids):
         node = graph.node(node_id)
         notes: list[str] = []
@@ -491,13 +503,34 @@ def node_durations(
             else:
                 c = per_request[j].copy()
                 what = "whole segment (no CPU time recorded)"
-            factor = cpu_slowdown(cpu[-1].cpu_pct)
-            per_request[j] = per_request[j] + c * (factor - 1.0)
-            notes = [f"interference: {what} x {factor:.3g} (fair share with a neighbour busy {p:.0%} of the time)"]
+            if stretch is not None and _wakes(graph, node_id):
+                row = per_request[j][idx]
+                per_sample[j] = np.maximum(row + extra_ms(stretch, c[idx], rng.random(samples)), 0.0)
+                notes = [f"interference: the loop wakes up for this step (after an io call or a timer): {what} + "
+                         f"what a neighbour busy {p:.0%} of the time adds to a "
+                         f"wake-up and that much work, drawn from {stretch.how}"]
+            else:
+                factor = cpu_slowdown(cpu[-1].cpu_pct)
+                per_request[j] = per_request[j] + c * (factor - 1.0)
+                why = ("no CPU profile in the store: perfcast profile --cpu" if stretch is None else
+                       "the loop was already running: it follows another step without waiting")
+                notes = [f"interference: {what} x {factor:.3g} (fair share with a neighbour busy {p:.0%} of the "
+                         f"time; {why})"]
         if notes:
             src = "profile" if j in per_sample else "model"
             sources[j] = NodeSource(node_id, node.kind.value, src, "; ".join(notes))
     return NodeDurations(plan, base, per_request, per_sample, idx, tuple(sources))
+
+
+_WAKERS = (NodeKind.IO, NodeKind.TIMER)
+
+
+def _wakes(graph: CausalGraph, node_id: str) -> bool:
+    """Whether an idle event loop wakes up to run this step: it follows an io call or a timer. A step after
+    another step (a spawned task's first, a gather's caller) runs on a loop that is already awake; so does one
+    after a future another step resolved. The wake-up for the request's arrival comes before its server span
+    starts, so the first step is not counted either."""
+    return any(graph.node(p).kind in _WAKERS for p in graph.dag.predecessors(node_id))
 
 
 class _CopyOnWrite:
@@ -514,26 +547,6 @@ class _CopyOnWrite:
 
     def __setitem__(self, j: int, row: FloatArray) -> None:
         self.rows[j] = np.asarray(row, dtype=np.float64)
-
-
-def cpu_slowdown(cpu_pct: float) -> float:
-    """How much longer CPU work takes on a core a neighbour keeps busy ``cpu_pct`` % of the time.
-
-    Linux's CFS gives runnable tasks of equal weight equal shares: while the neighbour is busy (a fraction
-    p of the time) the event loop's thread gets half the core, otherwise all of it, so it progresses at
-    ``1 - p/2`` on average and CPU work takes ``1 / (1 - p/2)`` as long. (Reserving the share for the
-    neighbour, ``1 / (1 - p)``, overstates the slowdown a time-shared neighbour causes: measured with
-    ``replayer.hog`` at 50 % and 75 %, 1 ms units of CPU work took 1.4x and 1.7x as long on average, against
-    1.33 / 1.6 here and 2 / 4 reserved.)
-
-    Examples
-    --------
-    >>> cpu_slowdown(0), cpu_slowdown(50), round(cpu_slowdown(75), 3)
-    (1.0, 1.3333333333333333, 1.6)
-    """
-    if not 0 <= cpu_pct < 100:
-        raise ScenarioError(f"interference: cpu_pct must be in [0, 100), got {cpu_pct}")
-    return 1.0 / (1.0 - cpu_pct / 200.0)
 
 
 def _spec(change: Targeted) -> str:

@@ -143,6 +143,19 @@ def _profile_sizes(setup: ForumSetup, store: ProfileStore, sizes: list[int], bud
                                    store=store, note="whatif_accuracy: blob sizes"))
 
 
+def _profile_cpu(store: ProfileStore, cpu_pct: float, budget_s: float = 5.0) -> None:
+    """CPU-work probes with a neighbour taking ``cpu_pct`` % of the probe's core (``perfcast profile --cpu``).
+
+    The probe and the neighbour share this process's first core, the core the interference case gives the
+    app and its neighbour (``ForumSetup.pin``).
+    """
+    from analyzer.cpuprobe import profile_cpu
+    from replayer.hog import CpuHog
+
+    profile_cpu([cpu_pct], lambda pct, cores: CpuHog(pct, cpus=cores), store=store, seed=1,
+                rule=StopRule(rse=0.01, min_count=500, budget_s=budget_s), note="whatif_accuracy: cpu probes")
+
+
 def _rtt_target(resource: str, d: Deployment, setup: ForumSetup) -> Any:
     """One network round trip through the resource's proxy: an HTTP GET /health, a Redis PING, a SELECT 1."""
     if resource == "blob":
@@ -274,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         # minute, and a prediction should be judged on the change it predicts, not on that drift.
         case_setup = replace(setup, pin=case.pin)
         console.print(f"[bold]{case.name}[/]: {case.spec}, {ns.rounds} rounds of baseline then scenario")
+        if case.applied.cpu_pct > 0:
+            status(f"probing CPU work with a neighbour taking {case.applied.cpu_pct:g} % of the core")
+            _profile_cpu(store, case.applied.cpu_pct)
         per_round = max(ns.requests // ns.rounds, 1)
         # Under load the collector's own CPU (3.6x the app's when it records every request) would be most of
         # what is measured: load cases predict and measure the app without it, calibrated by a light run

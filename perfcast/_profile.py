@@ -9,6 +9,15 @@ from pathlib import Path
 import click
 
 
+def _float_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[float]:
+    if not value:
+        return []
+    try:
+        return [float(v) for v in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected numbers separated by commas (25,50), got {value!r}") from None
+
+
 def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int]:
     if not value:
         return []
@@ -23,6 +32,10 @@ def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--postgres", "postgres_url", metavar="URL", help="Profile PostgreSQL (postgresql://user@host/db).")
 @click.option("--http", "http_url", metavar="URL", help="Profile an HTTP endpoint; {size} in it takes --size.")
 @click.option("--rtt", "rtt_address", metavar="HOST:PORT", help="Profile the network round trip (TCP connect).")
+@click.option("--cpu", "cpu_levels", default=None, callback=_float_list, metavar="LIST",
+              help="Profile CPU work while a neighbour takes these % of the core (25,50,75): interference:cpu=P.")
+@click.option("--work", "work_ms", default=None, callback=_float_list, metavar="LIST",
+              help="With --cpu: the CPU work sizes probed, in ms (default 0.05,0.2,1,5).")
 @click.option("--op", default=None,
               help="Redis: GET (default), SET or any command; PostgreSQL: SELECT (default) or SQL text; "
                    "HTTP: the method (GET).")
@@ -44,6 +57,8 @@ def profile(
     postgres_url: str | None,
     http_url: str | None,
     rtt_address: str | None,
+    cpu_levels: list[float],
+    work_ms: list[float],
     op: str | None,
     api: str | None,
     labels: tuple[str, ...],
@@ -54,10 +69,13 @@ def profile(
     min_count: int,
     store_path: Path,
 ) -> None:
-    """Measure latency profiles of Redis / PostgreSQL / HTTP calls (or the network RTT) into a store.
+    """Measure latency profiles of Redis / PostgreSQL / HTTP calls (or the network RTT, or CPU work under a
+    noisy neighbour) into a store.
 
     Without --size/--concurrency the profile is workload-independent; with them, one profile per value
     (parameterised). Each point is measured until its mean is stable (--rse) or its share of --budget ends.
+    --cpu runs CPU-work probes on one core, with a neighbour taking each given share of it and, in alternating
+    blocks, paused (the reference); this host's interference profiles for interference:cpu=P.
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -77,10 +95,19 @@ def profile(
     )
 
     chosen = [(k, v) for k, v in (("redis", redis_url), ("postgres", postgres_url), ("http", http_url),
-                                  ("rtt", rtt_address)) if v]
+                                  ("rtt", rtt_address), ("cpu", cpu_levels)) if v]
     if len(chosen) != 1:
-        raise click.UsageError("give exactly one of --redis URL, --postgres URL, --http URL, --rtt HOST:PORT")
+        raise click.UsageError("give exactly one of --redis URL, --postgres URL, --http URL, --rtt HOST:PORT, "
+                               "--cpu LIST")
     kind, where = chosen[0]
+    if work_ms and kind != "cpu":
+        raise click.UsageError("--work goes with --cpu")
+    if kind == "cpu":
+        if op or api or sizes or concurrencies:
+            raise click.UsageError("--cpu takes no --op, --api, --size or --concurrency")
+        _profile_cpu(cpu_levels, work_ms, labels, budget, rse, min_count, store_path)
+        return
+    where = str(where)
     target: Target
     if kind == "redis":
         target = RedisTarget(where, op or "GET", api=api)
@@ -137,6 +164,44 @@ def profile(
         )
     console.print(table)
     console.print("[dim]latencies in ms[/dim]")
+
+
+def _profile_cpu(levels: list[float], work_ms: list[float], labels: tuple[str, ...], budget: str, rse: float,
+                 min_count: int, store_path: Path) -> None:
+    """``perfcast profile --cpu``: probes under a CpuHog on the probe's core (analyzer.cpuprobe)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from analyzer.cpuprobe import DEFAULT_WORK_MS, profile_cpu
+    from analyzer.profiles import ProfileStore, parse_labels
+    from analyzer.profiling import StopRule, parse_duration
+    from replayer.hog import CpuHog
+
+    works = work_ms or list(DEFAULT_WORK_MS)
+    rule = StopRule(rse=rse, min_count=min_count, budget_s=parse_duration(budget) / (len(levels) * len(works)))
+    console = Console(width=max(Console().width, 120))
+    with ProfileStore(store_path) as store, console.status("probing CPU work") as status:
+
+        def track(key):  # type: ignore[no-untyped-def]
+            def update(n: int, rse_now: float, elapsed: float) -> None:
+                status.update(f"{key.api} with a neighbour at {key.value:g} %: n={n} rse={rse_now:.2%} "
+                              f"{elapsed:.0f}/{rule.budget_s:.0f} s")
+            return update
+
+        results = profile_cpu(levels, lambda pct, cores: CpuHog(pct, cpus=cores), work_ms=works,
+                              labels=parse_labels(labels), rule=rule, store=store, progress=track)
+    table = Table(title=f"CPU profiles stored in {store_path}", title_justify="left")
+    for col in ("api", "neighbour %", "n", "p50", "p90", "p99", "mean", "stopped"):
+        table.add_column(col, justify="left" if col in ("api", "stopped") else "right")
+    import numpy as np
+
+    for r in results:
+        x = r.samples_ms
+        table.add_row(r.key.api, f"{r.key.value:g}", str(x.size), *(f"{v:.3f}" for v in np.percentile(x, [50, 90, 99])),
+                      f"{x.mean():.3f}", r.stopped)
+    console.print(table)
+    console.print("[dim]ms from the wake-up asked for to the end of the work; neighbour 0 %: paused, in the "
+                  "same run[/dim]")
 
 
 @click.command("plan")

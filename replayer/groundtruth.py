@@ -293,25 +293,6 @@ def _cpu_split(pin: bool) -> tuple[set[int], set[int]]:
     return {cpus[0]}, set(cpus[1:])
 
 
-@contextlib.contextmanager
-def _hog(percent: float, app_cpus: set[int]) -> Iterator[CpuHog]:
-    """A CpuHog on the app's cores only (its processes inherit this thread's mask when they start)."""
-    if not app_cpus:
-        with CpuHog(percent) as hog:
-            yield hog
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, app_cpus)
-    try:
-        hog = CpuHog(percent, cores=len(app_cpus)).start()
-    finally:
-        os.sched_setaffinity(0, before)
-    try:
-        yield hog
-    finally:
-        hog.stop()
-
-
 def _upstream(url: str, what: str) -> Upstream:
     parts = urlsplit(url)
     if not parts.hostname:
@@ -464,7 +445,7 @@ def deploy(
             url = f"http://{balancer.address}"
         if applied.cpu_pct > 0:
             step(f"starting a noisy neighbour taking {applied.cpu_pct:g} % of each core")
-            stack.enter_context(_hog(applied.cpu_pct, app_cpus))
+            stack.enter_context(CpuHog(applied.cpu_pct, cpus=frozenset(app_cpus)))
         serving = [p.proc.pid for p in processes[1:] if p.proc.poll() is None]
         yield Deployment(url, f"http://{blob_proxy.address}", resources, tuple(spans_files), by_resource,
                          tuple(serving))

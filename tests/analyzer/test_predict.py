@@ -213,6 +213,58 @@ class TestInterference:
         assert factors[-1] < 2.0  # a time-shared neighbour never takes more than half the core
 
 
+def cpu_store(path: Path, extra: dict[float, float]) -> ProfileStore:
+    """CPU profiles: per work size W, idle samples W..W+0.1 and loaded ones shifted by ``extra[W]``."""
+    from analyzer.interference import cpu_api
+
+    s = ProfileStore(path)
+    base = np.linspace(0.0, 0.1, 201)
+    for w, shift in extra.items():
+        s.add(ProfileKey.make(cpu_api(w), "cpu://h", {}, "cpu_pct", 0.0), w + base)
+        s.add(ProfileKey.make(cpu_api(w), "cpu://h", {}, "cpu_pct", 50.0), w + base + shift)
+    return s
+
+
+class TestInterferenceProfiles:
+    def test_a_step_after_a_call_gains_the_profiled_extra(self, tmp_path: Path) -> None:
+        # io a (2 ms) -> c (1 ms, all CPU, the loop wakes up for it) -> d (0.5 ms, follows c: already awake)
+        g = graph("GET /", [io("a", [2.0] * 4), compute("c", [1.0] * 4, [1.0] * 4), compute("d", [0.5] * 4, [0.5] * 4)],
+                  [("start", "a"), ("a", "c"), ("c", "d"), ("d", "end")])
+        with cpu_store(tmp_path / "p.db", {0.5: 0.3, 1.0: 0.8, 4.0: 2.0}) as s:
+            (p,) = predict([g], "interference:cpu=50", s, samples=2000, rng=rng())
+        # c: + 0.8 (its work size was profiled); d: fair share 0.5 / 0.75, not a wake-up
+        np.testing.assert_allclose(p.predicted.samples_ms, 2.0 + 1.8 + 0.5 / 0.75, atol=1e-9)
+        how = dict((s.node, s.how) for s in p.sources[0][1])
+        assert "wakes up" in how["c"] and "cpu 0.5ms" in how["c"]
+        assert "already running" in how["d"]
+
+    def test_extra_interpolates_between_work_sizes_and_scales_above(self, tmp_path: Path) -> None:
+        def predicted(cpu_ms: float) -> float:
+            g = graph("GET /", [io("a", [1.0] * 4), compute("c", [cpu_ms] * 4, [cpu_ms] * 4)],
+                      [("start", "a"), ("a", "c"), ("c", "end")])
+            with cpu_store(tmp_path / f"p{cpu_ms}.db", {1.0: 0.5, 3.0: 1.5}) as s:
+                (p,) = predict([g], "interference:cpu=50", s, samples=500, rng=rng())
+            return float(np.mean(p.predicted.samples_ms)) - 1.0 - cpu_ms
+
+        assert predicted(0.2) == pytest.approx(0.5)  # below the smallest size: still woken up
+        assert predicted(2.0) == pytest.approx(1.0)  # halfway
+        assert predicted(6.0) == pytest.approx(3.0)  # above: in proportion
+
+    def test_a_level_between_profiled_levels_interpolates(self, tmp_path: Path) -> None:
+        from analyzer.interference import stretch_profile
+
+        with cpu_store(tmp_path / "p.db", {1.0: 0.8}) as s:
+            half = stretch_profile(s, 25.0)
+            none = stretch_profile(ProfileStore(tmp_path / "empty.db"), 50.0)
+        assert half is not None and float(np.mean(half.extra_ms)) == pytest.approx(0.4, abs=0.01)
+        assert none is None
+
+    def test_without_cpu_profiles_the_note_says_how_to_make_them(self, tmp_path: Path) -> None:
+        with ProfileStore(tmp_path / "p.db") as s:
+            (p,) = predict([gather()], "interference:cpu=50", s, samples=100, rng=rng())
+        assert any("perfcast profile --cpu" in src.how for src in p.sources[0][1])
+
+
 class TestMixAndErrors:
     def test_variants_mix_by_request_count(self) -> None:
         fast = graph("GET /", [io("a", [1.0] * 300)], [("start", "a"), ("a", "end")], variant=0)

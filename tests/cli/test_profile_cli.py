@@ -80,6 +80,29 @@ def test_profile_usage_errors(tmp_path: Path) -> None:
     assert code == 1 and "size '12q'" in out
 
 
+def test_profile_cpu_into_store(tmp_path: Path) -> None:
+    store = tmp_path / "p.db"
+    code, out = run("profile", "--cpu", "40", "--work", "0.1", "--budget", "1s", "--rse", "0.5", "--min", "20",
+                    "--label", "host=here", "--store", str(store))
+    assert code == 0, out
+    assert "cpu 0.1ms" in out and "neighbour %" in out
+    with ProfileStore(store) as s:
+        assert {(k.api, k.param, k.value, k.labels) for k in s.keys()} == {
+            ("cpu 0.1ms", "cpu_pct", v, (("host", "here"),)) for v in (0.0, 40.0)}
+
+
+def test_profile_cpu_usage_errors(tmp_path: Path) -> None:
+    db = str(tmp_path / "p.db")
+    code, out = run("profile", "--cpu", "50", "--size", "1k", "--store", db)
+    assert code == 2 and "--cpu takes no" in out
+    code, out = run("profile", "--redis", "redis://x", "--work", "1", "--store", db)
+    assert code == 2 and "--work goes with --cpu" in out
+    code, out = run("profile", "--cpu", "fifty", "--store", db)
+    assert code == 2 and "expected numbers" in out
+    code, out = run("profile", "--cpu", "150", "--store", db)
+    assert code == 1 and "--cpu 150: a neighbour's share must be in (0, 100) %" in out
+
+
 def test_compare_prints_three_figures(tmp_path: Path) -> None:
     a, b = tmp_path / "a.txt", tmp_path / "b.json"
     a.write_text("\n".join(str(x) for x in range(1, 101)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import psutil
@@ -25,3 +26,11 @@ def test_hog_takes_about_its_share_of_one_core() -> None:
 def test_hog_rejects_bad_percent() -> None:
     with pytest.raises(ValueError, match="percent"):
         CpuHog(percent=150).start()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+def test_hog_stays_on_the_cores_it_is_given() -> None:
+    core = min(os.sched_getaffinity(0))
+    with CpuHog(percent=20, cpus=frozenset({core})) as hog:
+        assert len(hog._procs) == 1  # one process per given core
+        assert all(os.sched_getaffinity(p.pid) == {core} for p in hog._procs)

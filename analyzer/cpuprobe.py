@@ -1,0 +1,188 @@
+"""CPU-work probes under a noisy neighbour: the profiles :mod:`analyzer.interference` reads.
+
+``perfcast profile --cpu 50`` runs, for each neighbour level ``P`` and each work size ``W``, probes that do
+what an event loop's step does: sleep (the loop idle until an answer arrives), wake up, run ``W`` ms of
+pure-Python CPU work. A sample is the time from when the probe asked to wake up to when the work is done, so
+the scheduler's wake-up latency is in it. The number of loop iterations that makes ``W`` ms is calibrated
+first, with no neighbour running (the fastest of several tries).
+
+The probe runs on one core and the neighbour (``neighbour(P, cores)``, a context manager:
+:class:`replayer.hog.CpuHog` from the CLI) takes ``P`` % of that same core: the scenario
+``interference:cpu=P`` is "a neighbour takes P % of the CPU the event loop runs on". The neighbour is paused
+and resumed in short alternating blocks, and the samples taken while it is paused are the ``cpu_pct=0``
+reference: measured at the same moments, they see the same drift of a shared machine's speed. Each point is
+stored as soon as it is measured, under the api ``cpu <W>ms``, parameterised by ``cpu_pct``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzer.interference import cpu_api
+from analyzer.profiles import ProfileKey, ProfileStore
+from analyzer.profiling import Measurement, Progress, ProfilingError, StopRule, relative_standard_error
+
+__all__ = ["DEFAULT_WORK_MS", "Neighbour", "Pausable", "calibrate", "profile_cpu"]
+
+FloatArray = npt.NDArray[np.float64]
+
+class Pausable(Protocol):
+    """A running neighbour that can stop taking CPU for a while (:class:`replayer.hog.CpuHog`)."""
+
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+
+
+Neighbour = Callable[[float, frozenset[int]], AbstractContextManager[Pausable]]
+"""``neighbour(percent, cores)``: keeps ``percent`` % of each of ``cores`` busy while entered."""
+
+DEFAULT_WORK_MS = (0.05, 0.2, 1.0, 5.0)
+"""Work sizes probed by default: an event loop's steps are mostly 0.05-1 ms of CPU."""
+
+_GAP_MS = (0.5, 5.0)
+"""A probe sleeps a uniform draw from this range first: the waits between an event loop's steps."""
+
+_START_S = 0.5
+"""Time for a neighbour's processes to start before probing."""
+
+_BLOCK_S = 0.2
+"""Probing time with the neighbour running, then paused, in turn."""
+
+
+def _spin(n: int) -> int:
+    x = 0
+    for _ in range(n):
+        x += 1
+    return x
+
+
+def calibrate(work_ms: float, tries: int = 25) -> int:
+    """Iterations of the probe's loop that take ``work_ms`` of CPU here, with nothing else running.
+
+    The fastest of ``tries`` timings of a 2 ms run sets the rate: slower ones were interrupted.
+    """
+    if work_ms <= 0:
+        raise ProfilingError(f"--work {work_ms:g}: a work size must be positive (ms)")
+    n = 20_000
+    while True:  # grow the run until it takes about 2 ms
+        t0 = time.perf_counter()
+        _spin(n)
+        if time.perf_counter() - t0 > 2e-3 or n > 1 << 30:
+            break
+        n *= 2
+    best = min(_timed(n) for _ in range(tries))
+    return max(1, round(n * work_ms / (best * 1e3)))
+
+
+def _timed(n: int) -> float:
+    t0 = time.perf_counter()
+    _spin(n)
+    return time.perf_counter() - t0
+
+
+def _probe(iterations: int, rng: np.random.Generator) -> float:
+    """One sample (ms): from the wake-up asked for to the end of the work."""
+    gap = rng.uniform(*_GAP_MS) / 1e3
+    due = time.perf_counter() + gap
+    time.sleep(gap)
+    _spin(iterations)
+    return (time.perf_counter() - due) * 1e3
+
+
+def _one_core() -> frozenset[int]:
+    """The core to probe on (the first this process may use), or empty where affinity cannot be set."""
+    if not hasattr(os, "sched_getaffinity"):
+        return frozenset()
+    return frozenset({min(os.sched_getaffinity(0))})
+
+
+def _paired(iterations: int, neighbour: Pausable, rule: StopRule, rng: np.random.Generator,
+            progress: Progress | None) -> tuple[FloatArray, FloatArray, str]:
+    """(samples with the neighbour running, samples with it paused, why it stopped), in alternating blocks.
+
+    A shared machine's speed drifts by up to 2x within seconds; blocks of ``_BLOCK_S`` with and without the
+    neighbour, interleaved, see the same drift, so their difference is the neighbour's alone.
+    """
+    on: list[float] = []
+    off: list[float] = []
+    began = time.monotonic()
+    why = "budget"
+    while time.monotonic() - began < rule.budget_s:
+        for running, bucket in ((True, on), (False, off)):
+            neighbour.resume() if running else neighbour.pause()
+            end = time.monotonic() + _BLOCK_S
+            while time.monotonic() < end and len(bucket) < rule.max_count:
+                bucket.append(_probe(iterations, rng))
+        worst = max(relative_standard_error(on), relative_standard_error(off))
+        if progress is not None:
+            progress(min(len(on), len(off)), worst, time.monotonic() - began)
+        if min(len(on), len(off)) >= rule.max_count:
+            why = "max count"
+            break
+        if min(len(on), len(off)) >= rule.min_count and worst < rule.rse:
+            why = "stable"
+            break
+    neighbour.resume()
+    return np.asarray(on, dtype=np.float64), np.asarray(off, dtype=np.float64), why
+
+
+def profile_cpu(
+    levels: Sequence[float],
+    neighbour: Neighbour,
+    *,
+    work_ms: Sequence[float] = DEFAULT_WORK_MS,
+    labels: Mapping[str, str] | None = None,
+    rule: StopRule = StopRule(),
+    store: ProfileStore | None = None,
+    progress: Callable[[ProfileKey], Progress] | None = None,
+    note: str = "",
+    seed: int | None = None,
+) -> list[Measurement]:
+    """Probe every work size at every neighbour level; store each point as soon as it is measured.
+
+    Each level's samples are paired with samples taken with the neighbour paused, in alternating blocks
+    (:func:`_paired`), stored under ``cpu_pct=0``. ``rule.budget_s`` applies to each (level, work size).
+    Returns the measurements: per level and work size, the loaded one then the idle one.
+    """
+    if not work_ms:
+        raise ProfilingError("--work: give at least one work size")
+    bad = [p for p in levels if not 0 < p < 100]
+    if bad or not levels:
+        raise ProfilingError(f"--cpu {bad[0] if bad else '':g}: a neighbour's share must be in (0, 100) %"
+                             if bad else "--cpu: give at least one neighbour level")
+    rng = np.random.default_rng(seed)
+    resource = f"cpu://{socket.gethostname()}"
+    core = _one_core()
+    before = os.sched_getaffinity(0) if core else None
+    results: list[Measurement] = []
+    try:
+        if core:
+            os.sched_setaffinity(0, core)
+        iterations = {w: calibrate(w) for w in sorted(set(work_ms))}
+        for level in sorted(set(map(float, levels))):
+            with neighbour(level, core) as busy:
+                time.sleep(_START_S)
+                for w, n in iterations.items():
+                    key = ProfileKey.make(cpu_api(w), resource, labels or {}, "cpu_pct", level)
+                    idle = ProfileKey.make(cpu_api(w), resource, labels or {}, "cpu_pct", 0.0)
+                    began = time.monotonic()
+                    on, off, why = _paired(n, busy, rule, rng, progress(key) if progress else None)
+                    elapsed = time.monotonic() - began
+                    for k, samples in ((key, on), (idle, off)):
+                        if store is not None:
+                            store.add(k, samples, round_trips=0.0,
+                                      note=note or f"perfcast profile --cpu {level:g} ({why}, {n} iterations)")
+                        results.append(Measurement(k, samples, 0.0, why, elapsed))
+    finally:
+        if before is not None:
+            os.sched_setaffinity(0, before)
+    return results

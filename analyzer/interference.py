@@ -1,0 +1,148 @@
+"""CPU interference: how much longer the event loop's CPU work takes while a neighbour shares its core.
+
+WebPerf keys some profiles by CPU interference (Jiang et al., SIGCOMM 2016, section 4.1) and perfcast does
+the same for the loop's own work. ``perfcast profile --cpu 50`` measures, on the host, *probes*: a sleep
+(the loop idle in ``epoll_wait`` between two steps) then a fixed amount of pure CPU work of ``work_ms``
+(calibrated with nobody else running), timed from when the probe asked to wake up to when the work is done.
+Each work size is a profile of api ``cpu <work_ms>ms`` parameterised by ``cpu_pct``: the neighbour's share of
+that core, 0 included. What a neighbour adds to a step of CPU work ``c`` is then read off the profiles:
+
+    extra(c, u) = Q_P,W(u) - Q_0,W(u)
+
+for the quantile ``u`` of an independent uniform draw (the neighbour's phase is unrelated to the request), at
+the work size ``W`` nearest ``c``: linear between the two measured sizes around ``c``, proportional to ``c``
+above the largest (a long step averages over the neighbour's periods), and the smallest size's extra below it
+(a short step still has to be woken up). The profiles hold what a model cannot: the scheduler's wake-up
+latency and the bimodal fate of short steps (a step that starts while the neighbour sleeps runs at full speed,
+one that starts while it runs waits for it or shares the core), which on a 6.x kernel's EEVDF scheduler are
+not the fair share of :func:`cpu_slowdown`.
+
+Without profiles the engine falls back to :func:`cpu_slowdown`, and says so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzer.errors import ScenarioError
+
+__all__ = ["CPU_SYSTEM", "StretchProfile", "cpu_api", "cpu_slowdown", "extra_ms", "stretch_profile", "work_of"]
+
+FloatArray = npt.NDArray[np.float64]
+
+CPU_SYSTEM = "cpu"
+"""The system of CPU-work probes (their resource is ``cpu://HOST``)."""
+
+_GRID = 200
+"""Quantiles kept per work size (u = (i + 0.5) / 200)."""
+
+_API = re.compile(r"^cpu (\d+(?:\.\d+)?)ms$")
+
+
+def cpu_api(work_ms: float) -> str:
+    """The api of a probe of ``work_ms`` of CPU work.
+
+    >>> cpu_api(0.25), work_of(cpu_api(0.25))
+    ('cpu 0.25ms', 0.25)
+    """
+    return f"{CPU_SYSTEM} {work_ms:g}ms"
+
+
+def work_of(api: str) -> float | None:
+    """The work size of a probe's api, or None for any other api."""
+    m = _API.match(api)
+    return float(m.group(1)) if m else None
+
+
+def cpu_slowdown(cpu_pct: float) -> float:
+    """How much longer CPU work takes on a core a neighbour keeps busy ``cpu_pct`` % of the time (fair share).
+
+    Linux's CFS gives runnable tasks of equal weight equal shares: while the neighbour is busy (a fraction
+    p of the time) the event loop's thread gets half the core, otherwise all of it, so it progresses at
+    ``1 - p/2`` on average and CPU work takes ``1 / (1 - p/2)`` as long. (Reserving the share for the
+    neighbour, ``1 / (1 - p)``, overstates the slowdown a time-shared neighbour causes.) The fallback when
+    the store has no CPU profile: it knows nothing of wake-up latency or of the spread.
+
+    Examples
+    --------
+    >>> cpu_slowdown(0), cpu_slowdown(50), round(cpu_slowdown(75), 3)
+    (1.0, 1.3333333333333333, 1.6)
+    """
+    if not 0 <= cpu_pct < 100:
+        raise ScenarioError(f"interference: cpu_pct must be in [0, 100), got {cpu_pct}")
+    return 1.0 / (1.0 - cpu_pct / 200.0)
+
+
+@dataclass(frozen=True, slots=True)
+class StretchProfile:
+    """What a neighbour at one ``cpu_pct`` adds to CPU work, per measured work size."""
+
+    cpu_pct: float
+    work_ms: FloatArray
+    """``(m,)`` increasing work sizes."""
+    extra_ms: FloatArray
+    """``(m, 200)``: ``Q_P(u) - Q_0(u)`` at each work size, on the grid ``u = (i + 0.5) / 200``."""
+    how: str
+    """Which profiles, for ``--explain``."""
+
+
+def stretch_profile(store: Any, cpu_pct: float) -> StretchProfile | None:
+    """The CPU profiles of ``store`` at ``cpu_pct`` (interpolated between measured levels), or None.
+
+    ``store`` is a :class:`~analyzer.profiles.ProfileStore` (anything with ``keys()`` and ``select``). A work
+    size counts when it was measured with no neighbour (``cpu_pct=0``) and at some level.
+    """
+    keys = getattr(store, "keys", None)
+    if keys is None:
+        return None
+    by_api: dict[str, set[float]] = {}
+    for key in keys():
+        if work_of(key.api) is not None and key.param == "cpu_pct":
+            by_api.setdefault(key.api, set()).add(key.value)
+    sizes, rows, hows = [], [], []
+    grid = (np.arange(_GRID) + 0.5) / _GRID
+    for api, levels in sorted(by_api.items(), key=lambda kv: work_of(kv[0]) or 0.0):
+        if 0.0 not in levels or len(levels) < 2:
+            continue
+        loaded = store.select(api, "", {}, "cpu_pct", cpu_pct)
+        idle = store.select(api, "", {}, "cpu_pct", 0.0)
+        sizes.append(work_of(api))
+        rows.append(np.quantile(loaded.samples_ms, grid) - np.quantile(idle.samples_ms, grid))
+        hows.append(f"{api}: {loaded.how}")
+    if not sizes:
+        return None
+    return StretchProfile(cpu_pct, np.asarray(sizes, dtype=np.float64), np.vstack(rows),
+                          f"{len(sizes)} CPU profiles ({', '.join(hows)})")
+
+
+def extra_ms(profile: StretchProfile, cpu_ms: npt.ArrayLike, u: npt.ArrayLike) -> FloatArray:
+    """What the neighbour adds to steps of CPU time ``cpu_ms``, at independent uniform quantiles ``u``.
+
+    Linear in the work size between the two measured sizes around it, proportional above the largest, the
+    smallest's below it (module docstring).
+
+    >>> p = StretchProfile(50.0, np.array([1.0, 4.0]), np.vstack([np.full(200, 0.5), np.full(200, 2.0)]), "")
+    >>> extra_ms(p, [0.2, 1.0, 2.5, 4.0, 8.0], [0.5] * 5).tolist()
+    [0.5, 0.5, 1.25, 2.0, 4.0]
+    """
+    c = np.asarray(cpu_ms, dtype=np.float64)
+    k = np.clip((np.asarray(u, dtype=np.float64) * _GRID).astype(np.intp), 0, _GRID - 1)
+    w, d = profile.work_ms, profile.extra_ms
+    if w.size == 1:
+        out = d[0, k] * np.maximum(c / w[0], 1.0)
+    else:
+        hi = np.clip(np.searchsorted(w, c), 1, w.size - 1)
+        lo = hi - 1
+        t = np.clip((c - w[lo]) / (w[hi] - w[lo]), 0.0, None)
+        top = c > w[-1]
+        t = np.where(top, 1.0, np.minimum(t, 1.0))
+        out = (1.0 - t) * d[lo, k] + t * d[hi, k]
+        out = np.where(top, d[-1, k] * c / w[-1], out)
+    return np.asarray(out, dtype=np.float64)
+
