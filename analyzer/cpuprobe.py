@@ -16,7 +16,6 @@ stored as soon as it is measured, under the api ``cpu <W>ms``, parameterised by 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import time

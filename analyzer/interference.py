@@ -23,7 +23,6 @@ Without profiles the engine falls back to :func:`cpu_slowdown`, and says so.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 

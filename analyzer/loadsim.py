@@ -12,7 +12,9 @@ on which the compute segments of *all* concurrent requests run one at a time. So
   first k) of its predecessors have finished;
 - compute nodes are served by one FIFO server, the loop (also those of one request's parallel branches);
 - io nodes overlap, limited per resource by a pool (``load:N?pool.postgresql=10``: at most 10 calls in
-  flight, the others queue FIFO for a connection); every other node is a pure delay;
+  flight, the others queue FIFO for a connection); a call's connection goes back when the calling task's
+  next step has run (where asyncpg's ``pool.fetch`` releases it), so under load it is held through that
+  step's wait for the loop too; every other node is a pure delay;
 - an io call's latency is its sampled duration, shifted when the profile store has a concurrency-
   parameterised profile of its api: by ``Q_L(u) - Q_1(u)``, where ``Q_L`` is the profile's quantile function
   at the concurrency ``L`` the call meets on arrival (calls in flight to its resource) and ``u`` the call's
@@ -50,7 +52,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,8 +67,8 @@ from analyzer.scenario import Failure, Load, Scenario, Tier, applies, matches
 if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
-__all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "WAIT_SCALE_KEY", "BackgroundDemand", "Workload", "background_demand",
-           "background_from_spans",
+__all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "WAIT_SCALE_KEY", "BackgroundDemand", "Calibration", "Workload",
+           "background_demand", "background_from_spans", "calibrate",
            "simulate", "simulate_scenario", "wait_scale", "with_background"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -660,6 +662,54 @@ def wait_scale(without_ms: Sequence[float], with_ms: Sequence[float]) -> float:
     if not a.size or not b.size or b.mean() <= 0:
         raise ValueError("wait_scale needs latencies of both runs (a positive mean with the collector)")
     return float(a.mean() / b.mean())
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """What :func:`calibrate` found: the CPU split and the wait scale per route."""
+
+    demand: BackgroundDemand
+    wait_scale: float
+    """Over every request: the scale of the graphs of routes not in ``by_route``."""
+    by_route: Mapping[str, float]
+
+    def describe(self) -> str:
+        d = self.demand
+        return (f"without the collector: {d.process_ms:.2f} ms CPU per request (the graphs record {d.traced_ms:.2f}: "
+                f"CPU scale {d.cpu_scale:.3f}, background {d.background_ms:.2f} ms); wait scale "
+                + ", ".join(f"{r} {x:.3f}" for r, x in self.by_route.items()))
+
+
+def calibrate(
+    graphs: Sequence[CausalGraph],
+    routes: Sequence[str],
+    process_cpu_ms: float,
+    without_ms: Mapping[str, Sequence[float]],
+    with_ms: Mapping[str, Sequence[float]],
+) -> tuple[list[CausalGraph], Calibration]:
+    """Graphs calibrated to the app without the collector, from one light run with it and one without.
+
+    Parameters
+    ----------
+    graphs
+        Every graph of the collected light run (in-process services' routes included).
+    routes
+        The routes the users request: per route, the ratio of the mean latencies without / with the collector
+        scales the recorded waits (:func:`wait_scale`; the collector's cost is not proportional to a request's
+        latency, a short request of few steps pays relatively less); other routes take the overall ratio.
+    process_cpu_ms
+        The process's CPU per user request without the collector (user time: the GIL's demand; system time
+        runs beside it, in syscalls made without the GIL): :func:`background_demand`.
+    without_ms, with_ms
+        route -> latencies of the same light load without and with the collector.
+    """
+    demand = background_demand(graphs, [g for g in graphs if g.route in routes], process_cpu_ms)
+    every = [x for r in routes for x in without_ms.get(r, ())], [x for r in routes for x in with_ms.get(r, ())]
+    overall = wait_scale(*every)
+    by_route = {r: wait_scale(without_ms[r], with_ms[r]) if without_ms.get(r) and with_ms.get(r) else overall
+                for r in routes}
+    out = [with_background([g], demand, wait_scale=by_route.get(g.route, overall))[0] for g in graphs]
+    return out, Calibration(demand, overall, by_route)
 
 
 def _background(

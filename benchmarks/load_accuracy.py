@@ -47,8 +47,8 @@ import psutil  # type: ignore[import-untyped]
 
 from analyzer.accuracy import cdf_deviation
 from analyzer.build import build_graphs
-from analyzer.loadsim import background_demand, wait_scale, with_background
-from analyzer.predict import predict, select_routes
+from analyzer.loadsim import calibrate
+from analyzer.predict import predict
 from analyzer.spans import process_cpu, process_cpu_within, read_spans
 from examples.forum.load import LoadResult, run_load_subprocess
 from replayer.groundtruth import route_of
@@ -194,23 +194,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     graphs = build_graphs(reqs, problems=problems)
     print(f"baseline: {len(reqs)} requests (all routes) -> {len(graphs)} graph variants"
           f"{f'; {len(problems)} left out: {problems[0]}' if problems else ''}")
-    user_graphs = select_routes(graphs, ROUTES)
     # The GIL is the one server: it is held for the process's user-mode CPU; system time (the kernel moving
     # loopback bytes, in syscalls made with the GIL released) runs beside it on the other core.
-    demand = background_demand(graphs, user_graphs, user_s * 1e3)
-    scale = wait_scale(light_ms, base_ms)
-    # per route too: the collector's cost is not proportional to a request's latency (a short request of few
-    # steps pays relatively less), so each user route gets its own ratio; the in-process services the overall one
-    by_route = {route: wait_scale([x for x, q in zip(light_ms, light_paths, strict=True) if route_of(q) == route],
-                                  [x for x, q in zip(base_ms, base_paths, strict=True) if route_of(q) == route])
-                for route in ROUTES}
-    print(f"process CPU {user_s * 1e3:.2f} ms user + {sys_s * 1e3:.2f} ms system per request; traced {demand.traced_ms:.2f} ms -> background {demand.background_ms:.2f} ms, CPU scale "
-          f"{demand.cpu_scale:.3f}, wait scale {scale:.3f} "
-          f"({', '.join(f'{r}: {x:.3f}' for r, x in by_route.items())})")
-    # every route: the in-process services' requests are simulated as sub-requests on the same CPU (GIL)
-    model = [g for route in ROUTES for g in with_background([g for g in graphs if g.route == route], demand,
-                                                            wait_scale=by_route[route])]
-    model += with_background([g for g in graphs if g.route not in ROUTES], demand, wait_scale=scale)
+    def by_route(ms: list[float], paths: list[str]) -> dict[str, list[float]]:
+        return {r: [x for x, q in zip(ms, paths, strict=True) if route_of(q) == r] for r in ROUTES}
+
+    model, calibration = calibrate(graphs, ROUTES, user_s * 1e3, by_route(light_ms, light_paths),
+                                   by_route(base_ms, base_paths))
+    demand, scale = calibration.demand, calibration.wait_scale
+    print(f"process CPU {user_s * 1e3:.2f} ms user + {sys_s * 1e3:.2f} ms system per request; "
+          f"{calibration.describe()}")
 
     # the light load itself: only its mean latency was used (wait_scale), so the shape is still a check
     (light_pred,) = [np.concatenate([p.predicted.samples_ms for p in predict(
@@ -266,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     RESULTS.mkdir(exist_ok=True)
     out = {"baseline_requests": len(reqs), "base_users": ns.base_users,
            "light": {"median_deviation": light_dev.median, "ks_d": light_dev.max},
-           "background": demand.to_json(), "wait_scale": scale, "wait_scale_by_route": by_route,
+           "background": demand.to_json(), "wait_scale": scale, "wait_scale_by_route": dict(calibration.by_route),
            "process_span_per_request": splits,
            "light_load_cpu_ms_per_request": {"user": user_s * 1e3, "system": sys_s * 1e3},
            "base_client_cores": base_client,

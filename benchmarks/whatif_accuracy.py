@@ -42,7 +42,7 @@ from analyzer.accuracy import cdf_deviation
 from analyzer.build import build_graphs
 from analyzer.errors import AnalyzerError
 from analyzer.graph import dump_graphs
-from analyzer.loadsim import background_demand, background_from_spans, wait_scale, with_background
+from analyzer.loadsim import background_from_spans, calibrate
 from analyzer.predict import predict
 from analyzer.profiles import RTT_API, ProfileStore
 from analyzer.profiling import (
@@ -198,23 +198,41 @@ def _row(case: Case, route: str, pred: Any, latencies: list[float]) -> dict[str,
 
 def _calibrated(graphs: list[Any], bases: list[GroundTruth],
                 lights: list[GroundTruth]) -> tuple[list[Any], str]:
-    """The graphs calibrated to the app without the collector (``analyzer.loadsim.with_background``).
+    """The graphs calibrated to the app without the collector (:func:`analyzer.loadsim.calibrate`).
 
-    ``lights`` ran the baseline's light load without the collector: the app's user-mode CPU per request there
-    is the loop's demand (the GIL is held for it; system time runs beside it, in syscalls made without the
-    GIL), and per route the ratio of the client-side latencies without / with the collector scales the
-    recorded waits (``analyzer.loadsim.wait_scale``).
+    ``lights`` ran the baseline's light load without the collector: the app's user-mode CPU per request there,
+    and per route the client-side latencies without / with the collector.
     """
-    count = sum(len(t.client_ms.get(r, ())) for t in lights for r in ROUTES)
-    user_ms = sum(t.app_cpu_ms[0] * sum(len(v) for v in t.client_ms.values()) for t in lights) / max(count, 1)
-    demand = background_demand(graphs, graphs, user_ms)
-    by_route = {route: wait_scale([x for t in lights for x in t.client_ms.get(route, ())],
-                                  [x for t in bases for x in t.client_ms.get(route, ())]) for route in ROUTES}
-    out = [g for route in ROUTES for g in with_background([g for g in graphs if g.route == route], demand,
-                                                          wait_scale=by_route[route])]
-    return out, (f"without the collector: {user_ms:.2f} ms user CPU per request (traced {demand.traced_ms:.2f}: "
-                 f"CPU scale {demand.cpu_scale:.3f}, background {demand.background_ms:.2f} ms), wait scale "
-                 + ", ".join(f"{r} {x:.3f}" for r, x in by_route.items()))
+    counts = [sum(len(v) for v in t.client_ms.values()) for t in lights]
+    user_ms = sum(t.app_cpu_ms[0] * n for t, n in zip(lights, counts, strict=True)) / max(sum(counts), 1)
+    without = {r: [x for t in lights for x in t.client_ms.get(r, ())] for r in ROUTES}
+    collected = {r: [x for t in bases for x in t.client_ms.get(r, ())] for r in ROUTES}
+    out, calibration = calibrate(graphs, ROUTES, user_ms, without, collected)
+    return out, calibration.describe()
+
+
+def _predict_by_round(spec: str, bases: list[GroundTruth], lights: list[GroundTruth], store: ProfileStore,
+                      samples: int, rng: np.random.Generator, status: Any) -> list[Any]:
+    """Calibrated cases: each round predicted from its own baseline and light run; the rounds pooled.
+
+    A round's baseline, light run and loaded run follow each other within a minute, while this machine's speed
+    drifts by 40% between rounds (the app's CPU per request at light load, without the collector, went from
+    6.3 to 9.0 ms between two runs of the benchmark). Each round's prediction is therefore made from that
+    round's inputs, and the rounds' predictions are pooled in equal parts, as their measurements are.
+    """
+    from analyzer.distribution import Distribution
+
+    by_route: dict[str, list[Any]] = {}
+    for k, (base, light) in enumerate(zip(bases, lights, strict=True)):
+        graphs = [g for g in build_graphs(_window_requests(base)) if g.route in ROUTES]
+        graphs, calibration = _calibrated(graphs, [base], [light])
+        status(f"round {k + 1}: {calibration}")
+        for p in predict(graphs, spec, store, max(samples // len(bases), 1), rng):
+            by_route.setdefault(p.route, []).append(p)
+    return [replace(ps[0], predicted=Distribution.of(np.concatenate([p.predicted.samples_ms for p in ps])),
+                    baseline=Distribution.of(np.concatenate([p.baseline.samples_ms for p in ps])),
+                    requests=sum(p.requests for p in ps))
+            for ps in by_route.values() if len(ps) == len(bases)]
 
 
 def _compute_per_request(graphs: list[Any]) -> float:
@@ -307,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         graphs = [g for g in build_graphs(reqs, problems=problems) if g.route in ROUTES]
         if calibrate:
             graphs, calibration = _calibrated(graphs, bases, lights)
-            status(calibration)
+            status(f"pooled: {calibration}")
         else:
             process = [c for b in bases for path in b.spans for c in process_cpu(read_spans(path).spans)]
             graphs, _ = background_from_spans(graphs, reqs, process)
@@ -330,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         predicted = []
         for variant, spec in variants:
             try:
-                predicted.append((replace(variant, spec=spec),
-                                  {p.route: p for p in predict(graphs, spec, store, ns.samples, rng)}))
+                preds = (_predict_by_round(spec, bases, lights, store, ns.samples, rng, status) if calibrate
+                         else predict(graphs, spec, store, ns.samples, rng))
+                predicted.append((replace(variant, spec=spec), {p.route: p for p in preds}))
             except AnalyzerError as exc:
                 status(f"[red]cannot predict {spec}[/]: {type(exc).__name__}: {exc}")
         if not predicted:

@@ -4,27 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 
-def _float_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[float]:
-    if not value:
-        return []
-    try:
-        return [float(v) for v in value.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"expected numbers separated by commas (25,50), got {value!r}") from None
+def _list_of(kind: type, what: str, example: str) -> Callable[[click.Context, click.Parameter, str | None], list[Any]]:
+    """A click callback parsing ``1,4,16`` into a list of ``kind``."""
+
+    def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> list[Any]:
+        if not value:
+            return []
+        try:
+            return [kind(v) for v in value.split(",")]
+        except ValueError:
+            raise click.BadParameter(f"expected {what} separated by commas ({example}), got {value!r}") from None
+
+    return parse
 
 
-def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int]:
-    if not value:
-        return []
-    try:
-        return [int(v) for v in value.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"expected integers separated by commas (1,4,16), got {value!r}") from None
+_float_list = _list_of(float, "numbers", "25,50")
+_int_list = _list_of(int, "integers", "1,4,16")
 
 
 @click.command("profile")

@@ -18,8 +18,10 @@ from analyzer.build import build_graphs
 from analyzer.graph import CausalGraph, Node, NodeKind, dump_graphs, load_graphs
 from analyzer.loadsim import (
     BACKGROUND_KEY,
+    CPU_SCALE_KEY,
     WAIT_SCALE_KEY,
     background_demand,
+    calibrate,
     wait_scale,
     with_background,
 )
@@ -222,3 +224,18 @@ def test_background_from_spans_takes_the_window_and_subtracts_what_the_graphs_re
     # no process span: unchanged, and said so
     same, none = background_from_spans([graph], requests, [])
     assert none is None and BACKGROUND_KEY not in same[0].meta
+
+
+def test_calibrate_scales_each_user_route_by_its_own_latency_ratio() -> None:
+    a = chain("GET /a", compute("c", 2.0), io("x", 8.0))  # 2 ms of CPU recorded per request
+    b = chain("GET /b", compute("c", 2.0), io("x", 8.0))
+    inner = chain("GET /inner", compute("c", 1.0))  # an in-process service the users do not call directly
+    graphs, cal = calibrate([a, b, inner], ["GET /a", "GET /b"], 1.5,
+                            {"GET /a": [5.0, 5.0], "GET /b": [9.0]}, {"GET /a": [10.0, 10.0], "GET /b": [10.0]})
+    scales = {g.route: g.meta[WAIT_SCALE_KEY] for g in graphs}
+    assert scales["GET /a"] == pytest.approx(0.5) and scales["GET /b"] == pytest.approx(0.9)
+    assert scales["GET /inner"] == pytest.approx(19.0 / 30.0)  # the overall ratio of the means
+    # 40 + 40 + 20 ms of CPU over 40 user requests (20 each): 2.5 ms traced per request against 1.5 measured
+    assert cal.demand.traced_ms == pytest.approx(2.5) and cal.demand.cpu_scale == pytest.approx(0.6)
+    assert all(g.meta[CPU_SCALE_KEY] == pytest.approx(0.6) for g in graphs)
+    assert "wait scale GET /a 0.500, GET /b 0.900" in cal.describe()
