@@ -98,6 +98,14 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return _number(env, name, default, float, "a number")
 
 
+def _in_range(env: Mapping[str, str], name: str, default: float, ok: Callable[[float], bool], what: str) -> float:
+    """A number variable that must also pass ``ok``; the error names the variable either way."""
+    value = _number(env, name, default, float, what)
+    if not ok(value):
+        raise ValueError(f"environment variable {name}: expected {what}, got {env.get(name, '').strip()!r}")
+    return value
+
+
 def parse_resource_names(raw: str) -> dict[str, str]:
     """Parse ``name=url,name=url`` into ``{url: name}``.
 
@@ -129,6 +137,6 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
             or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         ),
         span_fd=_int(env, SPAN_FD, -1) if env.get(SPAN_FD) else None,
-        sample=_float(env, SAMPLE, 1.0),
-        sample_window_s=_float(env, SAMPLE_WINDOW, 0.5),
+        sample=_in_range(env, SAMPLE, 1.0, lambda x: 0.0 < x <= 1.0, "a share in (0, 1]"),
+        sample_window_s=_in_range(env, SAMPLE_WINDOW, 0.5, lambda x: x > 0.0, "seconds > 0"),
     )

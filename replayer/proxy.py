@@ -67,8 +67,10 @@ class LatencyProxy:
     _stopping: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _overshoot_s: float = 0.0
-    _late_s: list[float] = field(default_factory=list)
-    """How late each delayed chunk left (negative: early), appended by the releasing threads."""
+    _late: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """[sum of how late each delayed chunk left (negative: early), chunks], under ``_late_lock``: two numbers
+    however long the proxy runs."""
+    _late_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def applied_delay_ms(self) -> float:
         """The delay per round trip this proxy actually added since the last :meth:`reset_lateness`: the delay
@@ -77,14 +79,16 @@ class LatencyProxy:
         Its threads wake late when the machine is busy (about 0.15 ms per chunk when idle, more under load), so
         a ground truth measured through it is for this delay, not exactly ``delay_ms``.
         """
-        late = list(self._late_s)
-        if self.delay_ms <= 0 or not late:
+        with self._late_lock:
+            total, count = self._late
+        if self.delay_ms <= 0 or not count:
             return self.delay_ms
-        return self.delay_ms + 2000.0 * sum(late) / len(late)
+        return self.delay_ms + 2000.0 * total / count
 
     def reset_lateness(self) -> None:
         """Forget the lateness measured so far (at the start of a measured window)."""
-        self._late_s = []
+        with self._late_lock:
+            self._late = [0.0, 0.0]
 
     async def start(self) -> LatencyProxy:
         if not self.upstreams:
@@ -205,7 +209,10 @@ class LatencyProxy:
             if wait > 0:
                 time.sleep(wait)
             if delayed and chunk:
-                self._late_s.append(time.monotonic() - due)  # list.append is atomic: no lock on this path
+                late = time.monotonic() - due
+                with self._late_lock:
+                    self._late[0] += late
+                    self._late[1] += 1
             if not chunk:
                 try:
                     dst.shutdown(socket.SHUT_WR)

@@ -210,8 +210,12 @@ def test_sampling_settings_from_the_environment():
     s = settings_from_env({"PERFCAST_SAMPLE": "0.02", "PERFCAST_SAMPLE_WINDOW": "0.25"})
     assert (s.sample, s.sample_window_s) == (0.02, 0.25)
     assert settings_from_env({}).sample == 1.0
-    with pytest.raises(ValueError, match="PERFCAST_SAMPLE: expected a number, got 'often'"):
+    with pytest.raises(ValueError, match=r"PERFCAST_SAMPLE: expected a share in \(0, 1\], got 'often'"):
         settings_from_env({"PERFCAST_SAMPLE": "often"})
+    with pytest.raises(ValueError, match=r"PERFCAST_SAMPLE: expected a share in \(0, 1\], got '0'"):
+        settings_from_env({"PERFCAST_SAMPLE": "0"})
+    with pytest.raises(ValueError, match="PERFCAST_SAMPLE_WINDOW: expected seconds > 0, got '-1'"):
+        settings_from_env({"PERFCAST_SAMPLE_WINDOW": "-1"})
 
 
 SCRIPT = """
