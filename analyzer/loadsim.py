@@ -14,7 +14,10 @@ on which the compute segments of *all* concurrent requests run one at a time. So
 - io nodes overlap, limited per resource by a pool (``load:N?pool.postgresql=10``: at most 10 calls in
   flight, the others queue FIFO for a connection); a call's connection goes back when the calling task's
   next step has run (where asyncpg's ``pool.fetch`` releases it), so under load it is held through that
-  step's wait for the loop too; every other node is a pure delay;
+  step's wait for the loop too; a returned connection wakes the first waiter, which takes it only when its
+  step runs, after the loop's queued work, and a caller whose step runs before that takes it first, the
+  waiter queueing again at the back (``asyncio.Queue.get``, which asyncpg's pool waits on); every other node
+  is a pure delay;
 - an io call's latency is its sampled duration, shifted when the profile store has a concurrency-
   parameterised profile of its api: by ``Q_L(u) - Q_1(u)``, where ``Q_L`` is the profile's quantile function
   at the concurrency ``L`` the call meets on arrival (calls in flight to its resource) and ``u`` the call's
@@ -280,6 +283,14 @@ def simulate(
         if phase == 3:  # the call's CPU before its wait was served
             wait_io(r, j, t, float(w.durations[j, req_col[r]]))
             continue
+        if phase == 5:  # a woken waiter's step runs: the connection, unless another caller took it meanwhile
+            p = w.pool[j]
+            if free[p] > 0:
+                free[p] -= 1
+                start_io(r, j, t, float(w.durations[j, req_col[r]]))
+            else:
+                waiting[p].append((r, j))
+            continue
         if phase == 4:  # the answer arrived: the CPU after the wait, then the call ends
             push(hold(req_server[r], t, cpu_of(w, j, req_col[r])[1]), r, j, 1)
             continue
@@ -293,11 +304,13 @@ def simulate(
         elif phase == 1 and w.pool and j not in deferred[k]:
             p = w.pool[j]
         if p >= 0:
+            free[p] += 1  # back in the pool's queue
             if waiting[p]:
+                # asyncio.Queue wakes the first waiter, which takes the connection when its step runs: after the
+                # loop's queued work. A caller whose step runs before that finds it free and takes it first; the
+                # waiter then queues again, at the back.
                 r2, j2 = waiting[p].popleft()
-                start_io(r2, j2, t, float(workloads[req_kind[r2]].durations[j2, req_col[r2]]))
-            else:
-                free[p] += 1
+                push(hold(req_server[r2], t, 0.0), r2, j2, 5)
         need = req_need[r]
         for nxt in succ[k][j]:
             need[nxt] -= 1

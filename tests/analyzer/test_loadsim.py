@@ -129,6 +129,36 @@ class TestCpuModel:
         g = chain("GET /", io("a", 10.0), Node("c", NodeKind.COMPUTE, (5.0,) * 20, task="other", cpu_ms=(5.0,) * 20))
         assert mean_latency([g], "load:2?pool.redis=1") == pytest.approx(20.0, rel=0.01)
 
+    def test_a_woken_waiter_can_be_overtaken(self) -> None:
+        # One request, a pool of one connection (redis), three tasks after c0 (1 ms):
+        #   t1: pooled call 3 ms [1, 4], then a1 (2 ms) holds the connection until 6
+        #   t2: http 1 ms, b1 1 ms [2, 3], asks at 3 and waits
+        #   t3: http 3.5 ms, d1 1 ms queued behind a1 [6, 7], then asks
+        # At 6 the connection goes back and t2 is woken, but its step runs after the loop's queued work, at 7;
+        # d1 ends at 7 first and t3 takes the connection (asyncio.Queue: asyncpg's pool). t2 queues again and
+        # gets it at 8, when t3's 1 ms call and its 0 ms step are done: the request ends at 9. Handed over to
+        # t2 at 6 (first come, first served), it would have ended at 8.
+        def node(node_id: str, kind: NodeKind, ms: float, task: str, pooled: bool = False) -> Node:
+            extra = {"api": "redis GET", "resource": "redis://h:1/0", "system": "redis"} if pooled else {
+                "api": "http GET /x", "resource": "http://h:2", "system": "http"} if kind is NodeKind.IO else {}
+            return Node(node_id, kind, (ms,) * 20, task=task, cpu_ms=(ms,) * 20 if kind is NodeKind.COMPUTE else (),
+                        **extra)
+
+        nodes = [Node("start", NodeKind.START, (0.0,) * 20), node("c0", NodeKind.COMPUTE, 1.0, "root"),
+                 node("p1", NodeKind.IO, 3.0, "t1", True), node("a1", NodeKind.COMPUTE, 2.0, "t1"),
+                 node("h2", NodeKind.IO, 1.0, "t2"), node("b1", NodeKind.COMPUTE, 1.0, "t2"),
+                 node("p2", NodeKind.IO, 1.0, "t2", True), node("b2", NodeKind.COMPUTE, 0.0, "t2"),
+                 node("h3", NodeKind.IO, 3.5, "t3"), node("d1", NodeKind.COMPUTE, 1.0, "t3"),
+                 node("p3", NodeKind.IO, 1.0, "t3", True), node("d2", NodeKind.COMPUTE, 0.0, "t3"),
+                 Node("end", NodeKind.END, (0.0,) * 20)]
+        edges = [("start", "c0"), ("c0", "p1"), ("p1", "a1"), ("a1", "end"), ("c0", "h2"), ("h2", "b1"),
+                 ("b1", "p2"), ("p2", "b2"), ("b2", "end"), ("c0", "h3"), ("h3", "d1"), ("d1", "p3"),
+                 ("p3", "d2"), ("d2", "end")]
+        g = CausalGraph("GET /", nodes, edges, latency_ms=[9.0] * 20)
+        assert mean_latency([g], "load:1?pool.redis=1") == pytest.approx(9.0)
+        # two connections: t2 gets one at 3 (b2 waits behind a1, to 6), t3 the other at 7: p3 [7, 8], end at 8
+        assert mean_latency([g], "load:1?pool.redis=2") == pytest.approx(8.0)
+
     def test_calibrated_cpu_replaces_wall_time(self) -> None:
         # compute of 4 ms wall, 2 ms CPU (the rest was contention at collection); the process without the
         # collector used 1.5 ms per request in all: scale 0.75, so the loop holds 1.5 ms per request
