@@ -14,7 +14,9 @@ on which the compute segments of *all* concurrent requests run one at a time. So
 - io nodes overlap, limited per resource by a pool (``load:N?pool.postgresql=10``: at most 10 calls in
   flight, the others queue FIFO for a connection); a call's connection goes back when the calling task's
   next step has run (where asyncpg's ``pool.fetch`` releases it), so under load it is held through that
-  step's wait for the loop too; a returned connection wakes the first waiter, which takes it only when its
+  step's wait for the loop too, and when that step awaits a child of its own (asyncpg's release runs
+  shielded and resets the connection with a query), until the child is done, whose calls to the same pool
+  use the held connection; a returned connection wakes the first waiter, which takes it only when its
   step runs, after the loop's queued work, and a caller whose step runs before that takes it first, the
   waiter queueing again at the back (``asyncio.Queue.get``, which asyncpg's pool waits on); every other node
   is a pure delay;
@@ -59,6 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import networkx as nx
 import numpy as np
 import numpy.typing as npt
 
@@ -454,8 +457,8 @@ def simulate_scenario(
             if target < 0:
                 curves.register(gi, j, node, durations[j])
         has_cpu = bool(cpu_before.any() or cpu_after.any())
-        holds = _pool_holders(graph, model.plan.ids, pool)
-        parts.append((model.plan, durations, tuple(on_loop), tuple(pool), tuple(group), tuple(nested), tuple(server),
+        holds, held_pool = _pool_holders(graph, model.plan.ids, pool)
+        parts.append((model.plan, durations, tuple(on_loop), held_pool, tuple(group), tuple(nested), tuple(server),
                       cpu_before if has_cpu else None, cpu_after if has_cpu else None, holds))
     # weights once every nested call is known
     weights = [nesting.weight(gi) for gi in range(len(graphs))]
@@ -501,25 +504,41 @@ def simulate_scenario(
     return latencies, notes
 
 
-def _pool_holders(graph: CausalGraph, ids: Sequence[str], pool: Sequence[int]) -> tuple[int, ...]:
-    """Per node: the pooled io node whose connection it returns when it ends, or -1.
+def _pool_holders(graph: CausalGraph, ids: Sequence[str],
+                  pool: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(per node: the pooled io node whose connection it returns when it ends, or -1; the pools again, without
+    the calls made on a connection already held).
 
     A pool's connection goes back in the code after the answer (asyncpg's ``pool.fetch`` releases it when its
     ``async with`` block exits), so it is held until the calling task's next step, the compute node of the
-    same task that follows the call, has run; when no such step follows, at the answer.
+    same task that follows the call, has run; when no such step follows, at the answer. When that step ends by
+    awaiting a child of its own (a sync node of the same task: asyncpg's release runs shielded and resets the
+    connection with a query of its own), the connection is returned when that wait ends, and the child's calls
+    to the same pool use the held connection instead of taking another.
     """
     where = {node_id: j for j, node_id in enumerate(ids)}
     holds = [-1] * len(ids)
+    pools = list(pool)
     for j, node_id in enumerate(ids):
-        if j >= len(pool) or pool[j] < 0:
+        if j >= len(pool) or pool[j] < 0 or pools[j] < 0:
             continue
         task = graph.node(node_id).task
-        for nxt in graph.dag.successors(node_id):
-            node = graph.node(nxt)
-            if node.kind is NodeKind.COMPUTE and node.task == task and nxt in where and holds[where[nxt]] < 0:
-                holds[where[nxt]] = j
-                break
-    return tuple(holds)
+        step = next((n for n in graph.dag.successors(node_id) if n in where
+                     and graph.node(n).kind is NodeKind.COMPUTE and graph.node(n).task == task), None)
+        if step is None:
+            continue
+        wait = next((n for n in graph.dag.successors(step) if n in where
+                     and graph.node(n).kind is NodeKind.SYNC and graph.node(n).task == task), None)
+        holder = wait or step
+        if holds[where[holder]] >= 0:
+            continue
+        holds[where[holder]] = j
+        if wait is not None:
+            inside = nx.descendants(graph.dag, step) & nx.ancestors(graph.dag, wait)
+            for n in inside:
+                if n in where and pools[where[n]] == pool[j]:
+                    pools[where[n]] = -1
+    return tuple(holds), tuple(pools)
 
 
 def _io_cpu(node: Node, idx: npt.NDArray[np.intp]) -> tuple[FloatArray, FloatArray]:

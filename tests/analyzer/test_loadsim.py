@@ -159,6 +159,34 @@ class TestCpuModel:
         # two connections: t2 gets one at 3 (b2 waits behind a1, to 6), t3 the other at 7: p3 [7, 8], end at 8
         assert mean_latency([g], "load:1?pool.redis=2") == pytest.approx(8.0)
 
+    def test_a_shielded_release_keeps_the_connection_and_its_reset_takes_none(self) -> None:
+        # asyncpg's pool.fetch: the query (p1, 2 ms), the caller's step (c1, 1 ms) then, shielded, the release
+        # resetting the connection with a query of its own (s0 0.5, reset 1 ms, s1 0.5), awaited by the caller
+        # (sync). Another task (h 2.5 ms, t1 0.5) wants the one connection at 4.5. The connection is held from 1
+        # to the end of the release at 6.5 and the reset uses it; the other task gets it at 6.5, its call ends
+        # at 7.5 with c2: the request ends at 7.5. (Returned at c1's end, the other task would have taken it at
+        # 4.5 and the reset would have waited for it until 5.5: 8 ms.)
+        def node(node_id: str, kind: NodeKind, ms: float, task: str, pooled: bool = False) -> Node:
+            extra = {"api": "postgresql SELECT", "resource": "postgresql://h:1/db", "system": "postgresql"} \
+                if pooled else {"api": "http GET /x", "resource": "http://h:2", "system": "http"} \
+                if kind is NodeKind.IO else {}
+            return Node(node_id, kind, (ms,) * 20, task=task, cpu_ms=(ms,) * 20 if kind is NodeKind.COMPUTE else (),
+                        **extra)
+
+        nodes = [Node("start", NodeKind.START, (0.0,) * 20), node("c0", NodeKind.COMPUTE, 1.0, "root"),
+                 node("p1", NodeKind.IO, 2.0, "root", True), node("c1", NodeKind.COMPUTE, 1.0, "root"),
+                 node("s0", NodeKind.COMPUTE, 0.5, "root/shield"), node("reset", NodeKind.IO, 1.0, "root/shield", True),
+                 node("s1", NodeKind.COMPUTE, 0.5, "root/shield"), node("sync", NodeKind.SYNC, 0.0, "root"),
+                 node("c2", NodeKind.COMPUTE, 1.0, "root"),
+                 node("h", NodeKind.IO, 2.5, "other"), node("t1", NodeKind.COMPUTE, 0.5, "other"),
+                 node("p2", NodeKind.IO, 1.0, "other", True), node("t2", NodeKind.COMPUTE, 0.0, "other"),
+                 Node("end", NodeKind.END, (0.0,) * 20)]
+        edges = [("start", "c0"), ("c0", "p1"), ("p1", "c1"), ("c1", "s0"), ("s0", "reset"), ("reset", "s1"),
+                 ("s1", "sync"), ("c1", "sync"), ("sync", "c2"), ("c2", "end"),
+                 ("c0", "h"), ("h", "t1"), ("t1", "p2"), ("p2", "t2"), ("t2", "end")]
+        g = CausalGraph("GET /", nodes, edges, latency_ms=[7.5] * 20)
+        assert mean_latency([g], "load:1?pool.postgresql=1") == pytest.approx(7.5)
+
     def test_calibrated_cpu_replaces_wall_time(self) -> None:
         # compute of 4 ms wall, 2 ms CPU (the rest was contention at collection); the process without the
         # collector used 1.5 ms per request in all: scale 0.75, so the loop holds 1.5 ms per request
