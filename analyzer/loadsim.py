@@ -18,8 +18,9 @@ on which the compute segments of *all* concurrent requests run one at a time. So
   shielded and resets the connection with a query), until the child is done, whose calls to the same pool
   use the held connection; a returned connection wakes the first waiter, which takes it only when its
   step runs, after the loop's queued work, and a caller whose step runs before that takes it first, the
-  waiter queueing again at the back (``asyncio.Queue.get``, which asyncpg's pool waits on); every other node
-  is a pure delay;
+  waiter queueing again at the back (``asyncio.Queue.get``, which asyncpg's pool waits on); a recorded wait
+  for a pooled connection (a task's wait on a future right before the step that makes the call) is left
+  out, since the simulated pool makes its own; every other node is a pure delay;
 - an io call's latency is its sampled duration, shifted when the profile store has a concurrency-
   parameterised profile of its api: by ``Q_L(u) - Q_1(u)``, where ``Q_L`` is the profile's quantile function
   at the concurrency ``L`` the call meets on arrival (calls in flight to its resource) and ``u`` the call's
@@ -393,7 +394,7 @@ def simulate_scenario(
 
     nesting = _Nesting(graphs, models, load.nested)
     curves = _Curves(store, scenario)
-    ready_nodes = io_cpu_nodes = calibrated_nodes = 0
+    ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = 0
     parts: list[tuple[Any, ...]] = []
     for gi, (graph, model) in enumerate(zip(graphs, models, strict=True)):
         durations = model.sample_matrix()
@@ -458,6 +459,9 @@ def simulate_scenario(
                 curves.register(gi, j, node, durations[j])
         has_cpu = bool(cpu_before.any() or cpu_after.any())
         holds, held_pool = _pool_holders(graph, model.plan.ids, pool)
+        for w in _pool_waits(graph, model.plan.ids, held_pool):
+            durations[w] = 0.0  # the recorded wait for a connection: the simulated pool makes its own
+            pool_waits += 1
         parts.append((model.plan, durations, tuple(on_loop), held_pool, tuple(group), tuple(nested), tuple(server),
                       cpu_before if has_cpu else None, cpu_after if has_cpu else None, holds))
     # weights once every nested call is known
@@ -469,6 +473,8 @@ def simulate_scenario(
                           background[gi], holds)
                  for gi, (plan, durations, loop, pool, group, nested, server, before, after, holds)
                  in enumerate(parts)]
+    if pool_waits:
+        notes.append(f"{pool_waits} recorded waits for a pooled connection left out: the simulated pool makes them")
     if any(h >= 0 for w in workloads for h in w.holds):
         notes.append("a pooled connection is returned when the calling task's next step ends (where the pool "
                      "takes it back), not when the answer arrives: under load that step waits for the loop too")
@@ -539,6 +545,23 @@ def _pool_holders(graph: CausalGraph, ids: Sequence[str],
                 if n in where and pools[where[n]] == pool[j]:
                     pools[where[n]] = -1
     return tuple(holds), tuple(pools)
+
+
+def _pool_waits(graph: CausalGraph, ids: Sequence[str], pool: Sequence[int]) -> list[int]:
+    """Positions of the recorded waits for a pooled connection: a task's wait on a future right before the
+    step that makes a pooled call (as :func:`analyzer.build.observed_pools` finds the pools)."""
+    where = {node_id: j for j, node_id in enumerate(ids)}
+    out = []
+    for j, node_id in enumerate(ids):
+        if j >= len(pool) or pool[j] < 0:
+            continue
+        task = graph.node(node_id).task
+        for step in graph.dag.predecessors(node_id):
+            if graph.node(step).kind is not NodeKind.COMPUTE or graph.node(step).task != task:
+                continue
+            out += [where[w] for w in graph.dag.predecessors(step) if w in where
+                    and graph.node(w).kind is NodeKind.WAIT and graph.node(w).task == task]
+    return out
 
 
 def _io_cpu(node: Node, idx: npt.NDArray[np.intp]) -> tuple[FloatArray, FloatArray]:

@@ -187,6 +187,30 @@ class TestCpuModel:
         g = CausalGraph("GET /", nodes, edges, latency_ms=[7.5] * 20)
         assert mean_latency([g], "load:1?pool.postgresql=1") == pytest.approx(7.5)
 
+    def test_a_recorded_wait_for_a_connection_gives_way_to_the_simulated_pool(self) -> None:
+        # Task a holds the one connection for its 1 ms call [1, 2]; task b recorded a 3 ms wait on a future
+        # right before its own call (waiting for that connection at collection). With the pool simulated the
+        # wait is the pool's: b's call runs [2, 4]. Kept as a delay besides, b would call at 4 and end at 6,
+        # which is also what happens when no pool is simulated (the recorded wait is all there is).
+        def node(node_id: str, kind: NodeKind, ms: float, task: str) -> Node:
+            extra = {"api": "redis GET", "resource": "redis://h:1/0", "system": "redis"} \
+                if kind is NodeKind.IO else {"label": "future"} if kind is NodeKind.WAIT else {}
+            return Node(node_id, kind, (ms,) * 20, task=task, cpu_ms=(ms,) * 20 if kind is NodeKind.COMPUTE else (),
+                        **extra)
+
+        nodes = [Node("start", NodeKind.START, (0.0,) * 20), node("c0", NodeKind.COMPUTE, 1.0, "root"),
+                 node("pa", NodeKind.IO, 1.0, "a"), node("a1", NodeKind.COMPUTE, 0.0, "a"),
+                 node("b0", NodeKind.COMPUTE, 0.0, "b"), node("w", NodeKind.WAIT, 3.0, "b"),
+                 node("b1", NodeKind.COMPUTE, 0.0, "b"), node("pb", NodeKind.IO, 2.0, "b"),
+                 node("b2", NodeKind.COMPUTE, 0.0, "b"), Node("end", NodeKind.END, (0.0,) * 20)]
+        edges = [("start", "c0"), ("c0", "pa"), ("pa", "a1"), ("a1", "end"), ("c0", "b0"), ("b0", "w"),
+                 ("w", "b1"), ("b1", "pb"), ("pb", "b2"), ("b2", "end")]
+        g = CausalGraph("GET /", nodes, edges, latency_ms=[6.0] * 20)
+        assert mean_latency([g], "load:1?pool.redis=1") == pytest.approx(4.0)
+        assert mean_latency([g], "load:1") == pytest.approx(6.0)
+        (p,) = predict([g], "load:1?pool.redis=1", samples=100, rng=rng())
+        assert any("1 recorded waits for a pooled connection left out" in n for n in p.notes)
+
     def test_calibrated_cpu_replaces_wall_time(self) -> None:
         # compute of 4 ms wall, 2 ms CPU (the rest was contention at collection); the process without the
         # collector used 1.5 ms per request in all: scale 0.75, so the loop holds 1.5 ms per request
