@@ -30,7 +30,7 @@ from analyzer.interference import cpu_api
 from analyzer.profiles import ProfileKey, ProfileStore
 from analyzer.profiling import Measurement, Progress, ProfilingError, StopRule, relative_standard_error
 
-__all__ = ["DEFAULT_WORK_MS", "Neighbour", "Pausable", "calibrate", "profile_cpu"]
+__all__ = ["DEFAULT_WORK_MS", "Neighbour", "Pausable", "calibrate", "iterations_per_ms", "profile_cpu"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -64,22 +64,23 @@ def _spin(n: int) -> int:
     return x
 
 
-def calibrate(work_ms: float, tries: int = 25) -> int:
-    """Iterations of the probe's loop that take ``work_ms`` of CPU here, with nothing else running.
+def iterations_per_ms(tries: int = 25) -> float:
+    """How many turns of the probe's loop take 1 ms of CPU here, with nothing else running.
 
     The fastest of ``tries`` timings of a 2 ms run sets the rate: slower ones were interrupted.
     """
+    n = 20_000
+    while _timed(n) <= 2e-3 and n <= 1 << 30:  # grow the run until it takes about 2 ms
+        n *= 2
+    return n / (min(_timed(n) for _ in range(tries)) * 1e3)
+
+
+def calibrate(work_ms: float, per_ms: float | None = None) -> int:
+    """Iterations of the probe's loop that take ``work_ms`` of CPU here (at the rate ``per_ms``, measured by
+    :func:`iterations_per_ms` when not given)."""
     if work_ms <= 0:
         raise ProfilingError(f"--work {work_ms:g}: a work size must be positive (ms)")
-    n = 20_000
-    while True:  # grow the run until it takes about 2 ms
-        t0 = time.perf_counter()
-        _spin(n)
-        if time.perf_counter() - t0 > 2e-3 or n > 1 << 30:
-            break
-        n *= 2
-    best = min(_timed(n) for _ in range(tries))
-    return max(1, round(n * work_ms / (best * 1e3)))
+    return max(1, round((per_ms if per_ms is not None else iterations_per_ms()) * work_ms))
 
 
 def _timed(n: int) -> float:
@@ -117,7 +118,10 @@ def _paired(iterations: int, neighbour: Pausable, rule: StopRule, rng: np.random
     why = "budget"
     while time.monotonic() - began < rule.budget_s:
         for running, bucket in ((True, on), (False, off)):
-            neighbour.resume() if running else neighbour.pause()
+            if running:
+                neighbour.resume()
+            else:
+                neighbour.pause()
             end = time.monotonic() + _BLOCK_S
             while time.monotonic() < end and len(bucket) < rule.max_count:
                 bucket.append(_probe(iterations, rng))
@@ -154,10 +158,11 @@ def profile_cpu(
     """
     if not work_ms:
         raise ProfilingError("--work: give at least one work size")
-    bad = [p for p in levels if not 0 < p < 100]
-    if bad or not levels:
-        raise ProfilingError(f"--cpu {bad[0] if bad else '':g}: a neighbour's share must be in (0, 100) %"
-                             if bad else "--cpu: give at least one neighbour level")
+    if not levels:
+        raise ProfilingError("--cpu: give at least one neighbour level")
+    for p in levels:
+        if not 0 < p < 100:
+            raise ProfilingError(f"--cpu {p:g}: a neighbour's share must be in (0, 100) %")
     rng = np.random.default_rng(seed)
     resource = f"cpu://{socket.gethostname()}"
     core = _one_core()
@@ -166,7 +171,8 @@ def profile_cpu(
     try:
         if core:
             os.sched_setaffinity(0, core)
-        iterations = {w: calibrate(w) for w in sorted(set(work_ms))}
+        per_ms = iterations_per_ms()  # one rate for every size: the loop's cost per turn does not depend on it
+        iterations = {w: calibrate(w, per_ms) for w in sorted(set(work_ms))}
         for level in sorted(set(map(float, levels))):
             with neighbour(level, core) as busy:
                 time.sleep(_START_S)

@@ -138,10 +138,7 @@ def extra_ms(profile: StretchProfile, cpu_ms: npt.ArrayLike, u: npt.ArrayLike) -
     else:
         hi = np.clip(np.searchsorted(w, c), 1, w.size - 1)
         lo = hi - 1
-        t = np.clip((c - w[lo]) / (w[hi] - w[lo]), 0.0, None)
-        top = c > w[-1]
-        t = np.where(top, 1.0, np.minimum(t, 1.0))
-        out = (1.0 - t) * d[lo, k] + t * d[hi, k]
-        out = np.where(top, d[-1, k] * c / w[-1], out)
+        t = np.clip((c - w[lo]) / (w[hi] - w[lo]), 0.0, 1.0)
+        out = np.where(c > w[-1], d[-1, k] * c / w[-1], (1.0 - t) * d[lo, k] + t * d[hi, k])
     return np.asarray(out, dtype=np.float64)
 

@@ -58,7 +58,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -510,6 +510,12 @@ def simulate_scenario(
     return latencies, notes
 
 
+def _same_task(graph: CausalGraph, neighbours: Iterable[str], where: Mapping[str, int], task: str,
+               kind: NodeKind) -> list[str]:
+    """The nodes among ``neighbours`` (in the plan) of ``kind`` that belong to ``task``."""
+    return [n for n in neighbours if n in where and graph.node(n).kind is kind and graph.node(n).task == task]
+
+
 def _pool_holders(graph: CausalGraph, ids: Sequence[str],
                   pool: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(per node: the pooled io node whose connection it returns when it ends, or -1; the pools again, without
@@ -526,21 +532,19 @@ def _pool_holders(graph: CausalGraph, ids: Sequence[str],
     holds = [-1] * len(ids)
     pools = list(pool)
     for j, node_id in enumerate(ids):
-        if j >= len(pool) or pool[j] < 0 or pools[j] < 0:
+        if pools[j] < 0:  # not pooled, or made on a connection an earlier call holds
             continue
         task = graph.node(node_id).task
-        step = next((n for n in graph.dag.successors(node_id) if n in where
-                     and graph.node(n).kind is NodeKind.COMPUTE and graph.node(n).task == task), None)
-        if step is None:
+        steps = _same_task(graph, graph.dag.successors(node_id), where, task, NodeKind.COMPUTE)
+        if not steps:
             continue
-        wait = next((n for n in graph.dag.successors(step) if n in where
-                     and graph.node(n).kind is NodeKind.SYNC and graph.node(n).task == task), None)
-        holder = wait or step
+        waits = _same_task(graph, graph.dag.successors(steps[0]), where, task, NodeKind.SYNC)
+        holder = waits[0] if waits else steps[0]
         if holds[where[holder]] >= 0:
             continue
         holds[where[holder]] = j
-        if wait is not None:
-            inside = nx.descendants(graph.dag, step) & nx.ancestors(graph.dag, wait)
+        if waits:
+            inside = nx.descendants(graph.dag, steps[0]) & nx.ancestors(graph.dag, holder)
             for n in inside:
                 if n in where and pools[where[n]] == pool[j]:
                     pools[where[n]] = -1
@@ -553,14 +557,11 @@ def _pool_waits(graph: CausalGraph, ids: Sequence[str], pool: Sequence[int]) -> 
     where = {node_id: j for j, node_id in enumerate(ids)}
     out = []
     for j, node_id in enumerate(ids):
-        if j >= len(pool) or pool[j] < 0:
+        if pool[j] < 0:
             continue
         task = graph.node(node_id).task
-        for step in graph.dag.predecessors(node_id):
-            if graph.node(step).kind is not NodeKind.COMPUTE or graph.node(step).task != task:
-                continue
-            out += [where[w] for w in graph.dag.predecessors(step) if w in where
-                    and graph.node(w).kind is NodeKind.WAIT and graph.node(w).task == task]
+        for step in _same_task(graph, graph.dag.predecessors(node_id), where, task, NodeKind.COMPUTE):
+            out += [where[w] for w in _same_task(graph, graph.dag.predecessors(step), where, task, NodeKind.WAIT)]
     return out
 
 

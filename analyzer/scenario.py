@@ -317,7 +317,7 @@ def _parse_change(spec: str) -> Change:
         return Load(_positive_int(body, where), think, _positive_int(o.get("replicas", "1"), where), pools, nested)
     if kind == "failure":
         o = _options(opts, where, ["replicas"])
-        if _split_target(body, where)[1] is not None:
+        if api is not None:
             raise ScenarioError(f"{where}: failure takes no API filter (a failed replica serves none of its apis)")
         if not body or eq:
             raise ScenarioError(f"{where}: expected failure:RESOURCE[?replicas=R], e.g. failure:app?replicas=2")

@@ -94,10 +94,6 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return _number(env, name, default, int, "an integer")
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    return _number(env, name, default, float, "a number")
-
-
 def _in_range(env: Mapping[str, str], name: str, default: float, ok: Callable[[float], bool], what: str) -> float:
     """A number variable that must also pass ``ok``; the error names the variable either way."""
     value = _number(env, name, default, float, what)
