@@ -59,7 +59,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
@@ -69,7 +69,8 @@ import numpy.typing as npt
 from analyzer.distribution import DagPlan, evaluate_plan
 from analyzer.errors import ProfileError
 from analyzer.graph import CausalGraph, Node, NodeKind
-from analyzer.scenario import Failure, Load, Scenario, Tier, applies, matches
+from analyzer.scenario import Failure, Load, Location, Scenario, Size, Tier, applies, matches
+from analyzer.wakeup import WakeProfile, wake_profile, with_route_work
 
 if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
@@ -81,6 +82,10 @@ __all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "WAIT_SCALE_KEY", "BackgroundDeman
 FloatArray = npt.NDArray[np.float64]
 Adjust = Callable[[int, int, int, int], float]
 """(workload, node position, column, concurrency level) -> duration shift in ms."""
+Wake = Callable[[int, int, int, int, float, float, int], float]
+"""(workload, node position, column, site, the loop's idle gap before the work, the work, its CPU server) -> what
+the loop's coldness adds to the work (ms); site 0: a compute node, 1: an io call's CPU before its wait, 2: after
+it. Times in ms; called for every piece of loop work in time order, the gap 0 when the loop was busy."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -135,13 +140,16 @@ def simulate(
     warmup: int | None = None,
     routes: Sequence[tuple[Sequence[int], Sequence[float]]] = (),
     servers: int = 1,
+    wake: Wake | None = None,
 ) -> list[FloatArray]:
     """Latencies of ``completions`` user requests of ``users`` closed-loop users, per workload.
 
     ``pool_sizes[p]`` limits the calls in flight through pool ``p``; the calls in flight of resource group ``g``
     times ``scale[g]`` (rounded up) is the concurrency level passed to ``adjust``. ``routes[i]`` lists the
     workloads (variants) of nested route ``i`` and their shares; ``servers`` is the number of FIFO CPU servers
-    (event loops). Latencies of nested requests are reported with their workload too.
+    (event loops). ``wake`` is told the loop's idle gap before each piece of work that ends one and returns what
+    the gap adds to it (:mod:`analyzer.wakeup`). Latencies of nested requests are reported with their workload
+    too.
     """
     if users < 1:
         raise ValueError("users must be >= 1")
@@ -213,6 +221,14 @@ def simulate(
         loop_free[server] = s + d
         return s + d
 
+    def woken(r: int, j: int, site: int, t: float, d: float) -> float:
+        """``d`` plus what the loop's idle gap before this work (arriving at ``t``) adds to it."""
+        if wake is None:
+            return d
+        server = req_server[r]
+        gap = t - loop_free[server]
+        return max(d + wake(req_kind[r], j, req_col[r], site, gap if gap > 0 else 0.0, d, server), 0.0)
+
     def cpu_of(w: Workload, j: int, col: int) -> tuple[float, float]:
         if w.cpu_before is None or w.cpu_after is None:
             return 0.0, 0.0
@@ -228,7 +244,7 @@ def simulate(
         if before > 0 or after > 0 or (w.background and w.background[j] > 0 and req_depth[r] == 0
                                        and j != w.plan.end):
             # the client library's CPU before the wait holds the loop first (phase 3 when served)
-            push(hold(req_server[r], t, before), r, j, 3)
+            push(hold(req_server[r], t, woken(r, j, 1, t, before)), r, j, 3)
             return
         wait_io(r, j, t, d)
 
@@ -265,7 +281,7 @@ def simulate(
         w = workloads[req_kind[r]]
         d = float(w.durations[j, req_col[r]])
         if w.on_loop[j]:
-            push(hold(req_server[r], t, d), r, j, 0)  # FIFO single server: starts when the loop is free
+            push(hold(req_server[r], t, woken(r, j, 0, t, d)), r, j, 0)  # FIFO: starts when the loop is free
             return
         p = w.pool[j] if w.pool else -1
         if p >= 0:
@@ -296,7 +312,7 @@ def simulate(
                 waiting[p].append((r, j))
             continue
         if phase == 4:  # the answer arrived: the CPU after the wait, then the call ends
-            push(hold(req_server[r], t, cpu_of(w, j, req_col[r])[1]), r, j, 1)
+            push(hold(req_server[r], t, woken(r, j, 2, t, cpu_of(w, j, req_col[r])[1])), r, j, 1)
             continue
         if phase == 1:  # an io call (or delay) finished: release what it held
             g = w.group[j] if w.group else -1
@@ -358,7 +374,100 @@ def simulate_scenario(
     """Simulate a scenario with load and/or failure changes: per graph latencies, and notes saying how.
 
     ``models`` are the graphs' node durations under the scenario's other changes (:func:`node_durations`).
+    When the scenario lengthens io calls (location, tier, size) and the store has a wake-up profile
+    (:mod:`analyzer.wakeup`), the simulation runs twice: once with the recorded durations, to learn the loop's
+    idle gap before each piece of work in each request as recorded, then under the scenario, where each piece
+    of work is charged what its gap adds beyond what its recorded gap did.
     """
+    profile = wake_profile(store) if store is not None and any(
+        isinstance(c, (Location, Tier, Size)) for c in scenario.changes) else None
+    if profile is None:
+        return _simulate_once(graphs, models, scenario, store, samples, rng)
+    profile, spread = with_route_work(profile, graphs)
+    cost = _WakeCost(profile, spread, int(rng.integers(2**62)))
+    base = replace(scenario, changes=tuple(c for c in scenario.changes if not isinstance(c, (Location, Tier, Size))))
+    _simulate_once(graphs, [m.baseline() for m in models], base, store, samples,
+                   np.random.default_rng(int(rng.integers(2**62))), cost.cost(recording=True))
+    latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, cost.cost(recording=False))
+    notes.append(cost.describe())
+    return latencies, notes
+
+
+class _WakeCost:
+    """What the loop's idle gaps add to the work after them: recorded in a baseline pass, charged beyond that in
+    the scenario's pass (:func:`simulate_scenario`).
+
+    A gap's extra (:meth:`WakeProfile.at`) is spread over the first ``span_ms`` of loop work after it, the work
+    the profile's requests did (a short step after a gap runs slow, but does not pay for a whole request's
+    warm-up). The quantile of each gap is a hash of the work that ends it (workload, node, column, site), so
+    that both passes draw the same one.
+    """
+
+    _MASK = (1 << 64) - 1
+
+    def __init__(self, profile: WakeProfile, spread: str, salt: int) -> None:
+        self.profile = profile
+        self.spread = spread
+        self.salt = salt
+        self.base: dict[tuple[int, int, int, int], list[float]] = {}
+        self.charged = 0
+        self.total_ms = 0.0
+
+    def _u(self, k: int, j: int, col: int, site: int) -> float:
+        # splitmix64 finaliser: a uniform draw per place, the same in both passes, without a table per sample
+        x = (self.salt + k * 0x9E3779B97F4A7C15 + j * 0xBF58476D1CE4E5B9 + col * 0x94D049BB133111EB
+             + site * 0x2545F4914F6CDD1D) & self._MASK
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & self._MASK
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & self._MASK
+        return ((x ^ (x >> 31)) >> 11) / float(1 << 53)
+
+    def cost(self, *, recording: bool) -> Wake:
+        """One pass's callback for :func:`simulate` (its own warm-up state per loop)."""
+        span = self.profile.span_ms
+        cold: dict[int, list[float]] = {}  # server -> [cold work left (ms), extra per ms of it]
+
+        def wake(k: int, j: int, col: int, site: int, gap: float, d: float, server: int) -> float:
+            state = cold.setdefault(server, [0.0, 0.0])
+            if gap > 0:
+                # a short gap does not warm a loop still cold from a long one: the larger debt stands
+                owed = self.profile.at(gap, self._u(k, j, col, site))
+                if owed > state[0] * state[1]:
+                    state[0], state[1] = span, owed / span
+            part = min(d, state[0])
+            state[0] -= part
+            extra = part * state[1]
+            key = (k, j, col, site)
+            if recording:
+                acc = self.base.setdefault(key, [0.0, 0.0])
+                acc[0] += extra
+                acc[1] += 1.0
+                return 0.0  # the recorded durations already hold it
+            acc = self.base.get(key)
+            if acc is not None:
+                extra -= acc[0] / acc[1]
+            if extra != 0.0:
+                self.charged += 1
+                self.total_ms += extra
+            return extra
+
+        return wake
+
+    def describe(self) -> str:
+        return (f"wake-up: what the loop's idle gaps add to {self.spread} after them, from the "
+                f"{self.profile.how}, beyond what the same work's gaps as recorded cost "
+                f"({self.charged} pieces of work, {self.total_ms / max(self.charged, 1):+.3f} ms each on average)")
+
+
+def _simulate_once(
+    graphs: Sequence[CausalGraph],
+    models: Sequence[NodeDurations],
+    scenario: Scenario,
+    store: SupportsSelect | None,
+    samples: int,
+    rng: np.random.Generator,
+    wake: Wake | None = None,
+) -> tuple[list[FloatArray], list[str]]:
+    """:func:`simulate_scenario`'s one pass; ``wake`` as for :func:`simulate`."""
     load = scenario.load or Load(1)
     failures = [c for c in scenario.changes if isinstance(c, Failure)]
     notes: list[str] = []
@@ -505,7 +614,7 @@ def simulate_scenario(
     latencies = simulate(
         workloads, users, samples * max(user_routes, 1), rng, think_ms=load.think_ms,
         pool_sizes=[limit for _, limit in load.pools], scale=group_scale,
-        adjust=curves.adjust if curves.any else None, routes=nesting.routes, servers=nesting.servers,
+        adjust=curves.adjust if curves.any else None, routes=nesting.routes, servers=nesting.servers, wake=wake,
     )
     return latencies, notes
 

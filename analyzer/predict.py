@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -47,6 +47,7 @@ from analyzer.distribution import (
 from analyzer.errors import GraphError, ProfileError, ScenarioError
 from analyzer.graph import CausalGraph, Node, NodeKind
 from analyzer.interference import cpu_slowdown, extra_ms, stretch_profile
+from analyzer.wakeup import wake_profile
 from analyzer.scenario import (
     Failure,
     Interference,
@@ -154,6 +155,10 @@ class NodeDurations:
     """``(S,)``: the recorded request each sample bootstraps."""
     sources: tuple[NodeSource, ...]
 
+    def baseline(self) -> NodeDurations:
+        """The same samples (the same recorded request in each) with the baseline's durations."""
+        return NodeDurations(self.plan, self.base, _CopyOnWrite(self.base), {}, self.idx, self.sources)
+
     def sample_matrix(self) -> FloatArray:
         """``(nodes, S)``: every node's duration in every sample."""
         out = self.base[:, self.idx]
@@ -216,6 +221,12 @@ def predict(
             graph.validate()
     check_resources(scenario, graphs)
     scenario, pool_note = _with_observed_pools(scenario, graphs)
+    if store is not None:
+        store = _MemoStore(store)
+        if not scenario.needs_simulation and any(isinstance(c, (Location, Tier, Size)) for c in scenario.changes) \
+                and wake_profile(store) is not None:
+            # the loop's idle gaps, which a wake-up profile prices, are known to the simulation only
+            scenario = replace(scenario, changes=scenario.changes + (Load(users=1),))
     routes: dict[str, list[CausalGraph]] = {}
     for graph in graphs:
         routes.setdefault(graph.route, []).append(graph)
@@ -224,8 +235,6 @@ def predict(
         weights = np.array([max(g.count, 1) for g in members], dtype=np.float64)
         for g, s in zip(members, rng.multinomial(samples, weights / weights.sum()), strict=True):
             allocation[id(g)] = int(s)
-    if store is not None:
-        store = _MemoStore(store)
     # Monte Carlo columns per graph: its share of the samples; under simulation every variant may be drawn
     # at any time, so each gets enough columns not to replay a handful of requests
     columns = {id(g): max(allocation[id(g)], min(samples, 4096) if scenario.needs_simulation else 1)
@@ -283,7 +292,6 @@ def _with_observed_pools(scenario: Scenario, graphs: Sequence[CausalGraph]) -> t
     touches I/O is therefore simulated (one user when it has no ``load:`` of its own) with those limits, unless
     the scenario sets a ``pool.R`` itself.
     """
-    from dataclasses import replace
 
     pools: dict[str, int] = {}
     for graph in graphs:

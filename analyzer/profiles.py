@@ -50,7 +50,7 @@ __all__ = [
 RTT_API = "rtt"
 """The special api holding network round-trip times (a location profile)."""
 
-PARAMS = ("size_bytes", "concurrency", "cpu_pct")
+PARAMS = ("size_bytes", "concurrency", "cpu_pct", "idle_ms")
 """The workload parameters a parameterised profile can be keyed by."""
 
 _SCHEMA = """
@@ -90,7 +90,7 @@ class ProfileKey:
     labels: tuple[tuple[str, str], ...] = ()
     """Sorted (name, value) pairs naming the configuration; ``()`` is the configuration of the baseline."""
     param: str = ""
-    """``""`` = workload-independent; else ``size_bytes`` | ``concurrency`` | ``cpu_pct``."""
+    """``""`` = workload-independent; else ``size_bytes`` | ``concurrency`` | ``cpu_pct`` | ``idle_ms``."""
     value: float = 0.0
     """The parameter's value for a parameterised profile."""
 

@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from analyzer.errors import AnalyzerError
 from analyzer.profiles import RTT_API, ProfileKey, ProfileStore
+from analyzer.wakeup import WAKE_API
 
 __all__ = [
     "HttpTarget",
@@ -415,12 +416,14 @@ async def measure(
     concurrency: int = 1,
     progress: Progress | None = None,
     clock: Callable[[], int] = time.perf_counter_ns,
+    pause_s: float = 0.0,
 ) -> tuple[npt.NDArray[np.float64], str]:
     """Time ``call`` with ``concurrency`` callers in a closed loop until :func:`is_stable` or the budget ends.
 
-    Each caller awaits ``call()`` again as soon as the previous one returns, so ``concurrency`` calls are
-    always in flight (the load of ``concurrency`` concurrent users). A call that returns a number has
-    timed itself (ms); that number is the sample. Returns the samples (ms) and why it stopped.
+    Each caller awaits ``call()`` again as soon as the previous one returns (after ``pause_s``, untimed), so
+    ``concurrency`` calls are always in flight (the load of ``concurrency`` concurrent users). A call that
+    returns a number has timed itself (ms); that number is the sample. Returns the samples (ms) and why it
+    stopped.
     """
     if concurrency < 1:
         raise ProfilingError(f"concurrency must be at least 1, got {concurrency}")
@@ -459,6 +462,8 @@ async def measure(
     async def worker() -> None:
         nonlocal total, total_sq
         while not done.is_set():
+            if pause_s > 0:
+                await asyncio.sleep(pause_s)
             t0 = clock()
             try:
                 timed = await call()
@@ -497,6 +502,7 @@ async def profile_target(
     labels: Mapping[str, str] | None = None,
     sizes: Sequence[int] = (),
     concurrencies: Sequence[int] = (),
+    idle_ms: Sequence[float] = (),
     rule: StopRule = StopRule(),
     store: ProfileStore | None = None,
     progress: Callable[[ProfileKey], Progress] | None = None,
@@ -506,8 +512,9 @@ async def profile_target(
 
     Without sizes or concurrencies: one workload-independent profile. Sizes give profiles parameterised by
     ``size_bytes`` (measured with one caller); concurrencies give profiles parameterised by ``concurrency``
-    (at the first size, if any). ``rule.budget_s`` applies to each point. ``progress(key)`` returns the
-    callback for that point.
+    (at the first size, if any). Idle gaps give a wake-up profile (api ``wake``, parameterised by ``idle_ms``,
+    0 included: :mod:`analyzer.wakeup`): one caller pauses that long before each call. ``rule.budget_s``
+    applies to each point. ``progress(key)`` returns the callback for that point.
     """
     points: list[tuple[str, float, int | None, int]] = []
     if not sizes and not concurrencies:
@@ -518,9 +525,21 @@ async def profile_target(
         if c < 1:
             raise ProfilingError(f"--concurrency {c}: must be at least 1")
         points.append(("concurrency", float(c), sizes[0] if sizes else None, c))
+    if idle_ms:
+        if sizes or concurrencies:
+            raise ProfilingError("idle gaps (a wake-up profile) go without sizes or concurrencies")
+        if any(not math.isfinite(g) or g < 0 for g in idle_ms):
+            raise ProfilingError(f"idle gaps must be finite and >= 0 ms, got {list(idle_ms)}")
+        if not isinstance(target, HttpTarget):
+            raise ProfilingError("a wake-up profile (idle gaps) times one of the app's own HTTP endpoints")
+        points = [("idle_ms", g, None, 1) for g in sorted({0.0, *map(float, idle_ms)})]
     results = []
     for param, value, size, concurrency in points:
-        key = ProfileKey.make(target.api, target.resource, labels or {}, param, value)
+        if param == "idle_ms":  # named by the route it times, which the engine matches to its graphs
+            key = ProfileKey.make(WAKE_API, f"{target.resource} {target.api.removeprefix('http ')}", labels or {},
+                                  param, value)
+        else:
+            key = ProfileKey.make(target.api, target.resource, labels or {}, param, value)
         await target.open(concurrency)
         try:
             await target.prepare(size)
@@ -528,7 +547,8 @@ async def profile_target(
                 await target.call()
             began = time.monotonic()
             samples, why = await measure(
-                target.call, rule, concurrency=concurrency, progress=progress(key) if progress else None
+                target.call, rule, concurrency=concurrency, progress=progress(key) if progress else None,
+                pause_s=value / 1000.0 if param == "idle_ms" else 0.0,
             )
         finally:
             await target.close()

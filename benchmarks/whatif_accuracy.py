@@ -44,7 +44,7 @@ from analyzer.errors import AnalyzerError
 from analyzer.graph import dump_graphs
 from analyzer.loadsim import background_from_spans, calibrate
 from analyzer.predict import predict
-from analyzer.profiles import RTT_API, ProfileStore
+from analyzer.profiles import RTT_API, ProfileKey, ProfileStore
 from analyzer.profiling import (
     HttpTarget,
     PostgresTarget,
@@ -53,6 +53,7 @@ from analyzer.profiling import (
     profile_target,
 )
 from analyzer.spans import process_cpu, read_spans
+from analyzer.wakeup import WAKE_API
 from replayer.groundtruth import (
     BLOB_NAME,
     Applied,
@@ -61,6 +62,7 @@ from replayer.groundtruth import (
     GroundTruth,
     deploy,
     measure,
+    measure_idle,
 )
 
 RESULTS = Path(__file__).with_name("results")
@@ -154,6 +156,23 @@ def _profile_cpu(store: ProfileStore, cpu_pct: float, budget_s: float = 5.0) -> 
 
     profile_cpu([cpu_pct], lambda pct, cores: CpuHog(pct, cpus=cores), store=store, seed=1,
                 rule=StopRule(rse=0.01, min_count=500, budget_s=budget_s), note="whatif_accuracy: cpu probes")
+
+
+WAKE_LEVELS = (0.0, 5.0, 10.0, 20.0, 40.0)
+"""Pauses between requests (ms) of the wake-up profile."""
+
+
+def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: Any) -> None:
+    """A wake-up profile of the app (:mod:`analyzer.wakeup`): its post page's server-side latency, one request
+    at a time, after pauses of :data:`WAKE_LEVELS`, from the spans of one collected run."""
+    got = measure_idle(setup, WAKE_LEVELS, requests=200, rounds=2, spans=work / "wake.jsonl", on_step=status)
+    for gap, samples in got.items():
+        if not samples:
+            raise AnalyzerError(f"wake-up profile: no request measured {gap:g} ms apart")
+        store.add(ProfileKey.make(WAKE_API, "forum GET /post/{id}", {}, "idle_ms", gap), samples,
+                  note="whatif_accuracy: server-side latency after a pause")
+    status("wake-up profile: post page p50 " + ", ".join(
+        f"{np.median(got[g]):.2f} ms at {g:g}" for g in WAKE_LEVELS))
 
 
 def _rtt_target(resource: str, d: Deployment, setup: ForumSetup) -> Any:
@@ -269,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=10_000, help="Monte Carlo samples per route")
     p.add_argument("--embedded", action="store_true", help="no Redis/PostgreSQL even when reachable")
     p.add_argument("--only", default="", help="comma-separated scenario names to run")
+    p.add_argument("--no-wake", action="store_true", help="location without a wake-up profile of the app")
     p.add_argument("--out", type=Path, default=RESULTS / "whatif_accuracy.json")
     ns = p.parse_args(argv)
     from rich.console import Console
@@ -297,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(c.name == "size" for c in cases):
         console.print(f"[bold]profiles[/]: http {BLOB_API} at {setup.payload_bytes} and {ns.size} bytes")
         _profile_sizes(setup, store, [setup.payload_bytes, ns.size], budget_s=8.0)
+
+    if any(c.selector for c in cases) and not ns.no_wake:
+        console.print("[bold]profiles[/]: wake-up of the app after pauses of "
+                      f"{', '.join(f'{g:g}' for g in WAKE_LEVELS)} ms")
+        _profile_wake(setup, store, work, status)
 
     rows: list[dict[str, Any]] = []
     rng = np.random.default_rng(7)

@@ -47,6 +47,9 @@ _int_list = _list_of(int, "integers", "1,4,16")
 @click.option("--size", "sizes", default=None, metavar="LIST", help="Payload sizes: 1k,64k,1m (parameterised).")
 @click.option("--concurrency", "concurrencies", default=None, callback=_int_list, metavar="LIST",
               help="Concurrent callers: 1,4,16 (parameterised).")
+@click.option("--idle", "idle_ms", default=None, callback=_float_list, metavar="LIST",
+              help="A wake-up profile: one caller pausing these ms before each call (5,10,20; 0 is added). "
+                   "Point it at the app's own endpoint: what a longer idle spell costs the work after it.")
 @click.option("--budget", default="60s", show_default=True, help="Time budget, shared by the points: 90s, 10m.")
 @click.option("--rse", default=0.02, show_default=True, type=click.FloatRange(0, min_open=True),
               help="Stop a point once sd/sqrt(n)/mean is below this.")
@@ -66,6 +69,7 @@ def profile(
     labels: tuple[str, ...],
     sizes: str | None,
     concurrencies: list[int],
+    idle_ms: list[float],
     budget: str,
     rse: float,
     min_count: int,
@@ -78,6 +82,8 @@ def profile(
     (parameterised). Each point is measured until its mean is stable (--rse) or its share of --budget ends.
     --cpu runs CPU-work probes on one core, with a neighbour taking each given share of it and, in alternating
     blocks, paused (the reference); this host's interference profiles for interference:cpu=P.
+    --idle measures the target after pauses (a wake-up profile): location, tier and size scenarios then charge
+    the loop's longer idle spells what they cost the work after them.
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -104,6 +110,8 @@ def profile(
     kind, where = chosen[0]
     if work_ms and kind != "cpu":
         raise click.UsageError("--work goes with --cpu")
+    if idle_ms and kind != "http":
+        raise click.UsageError("--idle goes with --http (an endpoint of the app: a wake-up profile)")
     if kind == "cpu":
         if op or api or sizes or concurrencies:
             raise click.UsageError("--cpu takes no --op, --api, --size or --concurrency")
@@ -122,7 +130,9 @@ def profile(
             raise click.UsageError("--rtt takes no --op or --api: its api is 'rtt'")
         target = RttTarget(where)
     size_list = parse_sizes(sizes) if sizes else []
-    points = max(len(size_list) + len(concurrencies), 1)
+    if idle_ms and (size_list or concurrencies):
+        raise click.UsageError("--idle goes without --size and --concurrency")
+    points = max(len(size_list) + len(concurrencies), len(set(idle_ms) | {0.0}) if idle_ms else 1)
     rule = StopRule(rse=rse, min_count=min_count, budget_s=parse_duration(budget) / points)
     label_map = parse_labels(labels)
     console = Console(width=max(Console().width, 140))
@@ -147,8 +157,8 @@ def profile(
             return update
 
         results = asyncio.run(profile_target(
-            target, labels=label_map, sizes=size_list, concurrencies=concurrencies, rule=rule, store=store,
-            progress=track,
+            target, labels=label_map, sizes=size_list, concurrencies=concurrencies, idle_ms=idle_ms, rule=rule,
+            store=store, progress=track,
         ))
         for done in tasks:
             bar.update(done, completed=rule.budget_s)

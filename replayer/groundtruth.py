@@ -60,6 +60,7 @@ __all__ = [
     "Resource",
     "deploy",
     "measure",
+    "measure_idle",
     "route_of",
 ]
 
@@ -509,6 +510,36 @@ def measure(
     )
 
 
+def measure_idle(
+    setup: ForumSetup,
+    idle_ms: Sequence[float],
+    *,
+    requests: int = 100,
+    rounds: int = 2,
+    path: str = "/post/{n}",
+    spans: str | os.PathLike[str],
+    on_step: Callable[[str], None] | None = None,
+) -> dict[float, list[float]]:
+    """Server-side latencies (ms, from the spans) of requests for ``path`` sent one at a time, each after a
+    pause of ``idle_ms``: the data of a wake-up profile (:mod:`analyzer.wakeup`).
+
+    One deployment of the app under the collector; the pauses take turns, ``rounds`` times, ``requests / rounds``
+    requests each, so that the machine's drift is shared by all of them.
+    """
+    if not idle_ms or rounds < 1 or requests < rounds:
+        raise ValueError("idle_ms must not be empty, rounds >= 1 and requests >= rounds")
+    step = on_step or (lambda text: None)
+    windows: dict[float, list[tuple[int, int]]] = {}
+    with deploy(setup, spans=spans, on_step=on_step) as d:
+        for k in range(rounds):
+            for gap in idle_ms:
+                step(f"round {k + 1}: {requests // rounds} requests, {gap:g} ms apart")
+                _, window, _ = _load(d.url, 1, requests // rounds, 60.0, 5, (path,), setup.seed, think_ms=gap)
+                windows.setdefault(float(gap), []).append(window)
+    return {gap: [x for w in ws for xs in _server_latencies(d.spans, w).values() for x in xs]
+            for gap, ws in windows.items()}
+
+
 def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[str]:
     if spans is None:
         return []
@@ -519,7 +550,8 @@ def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[st
 
 
 def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: int, paths: Sequence[str],
-          seed: int | None, pids: Sequence[int] = ()) -> tuple[Any, tuple[int, int], tuple[float, float]]:
+          seed: int | None, pids: Sequence[int] = (),
+          think_ms: float = 0.0) -> tuple[Any, tuple[int, int], tuple[float, float]]:
     """(the load's result, its wall-clock window, the (user, system) CPU seconds ``pids`` spent in it)."""
     from examples.forum.load import run_load_subprocess
 
@@ -529,7 +561,8 @@ def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: in
         cpu0 = _cpu_s(pids)
         begin = time.time_ns()
         result = run_load_subprocess(url, users=users, requests=requests, duration_s=max_duration_s,
-                                     paths=tuple(paths), seed=None if seed is None else seed + 1)
+                                     paths=tuple(paths), seed=None if seed is None else seed + 1,
+                                     **({"think_ms": think_ms} if think_ms > 0 else {}))
         end = time.time_ns()
         cpu1 = _cpu_s(pids)
     except RuntimeError as exc:

@@ -195,3 +195,26 @@ async def test_rtt_profile(http_server: str) -> None:
         RttTarget("nohost")
     with pytest.raises(ProfilingError, match="cannot connect"):
         await profile_target(RttTarget("127.0.0.1:1"), rule=FAST)
+
+
+async def test_wake_up_profile_pauses_before_each_call(http_server: str, tmp_path: Path) -> None:
+    from analyzer.wakeup import WAKE_API, wake_profile
+
+    store = ProfileStore(tmp_path / "p.db")
+    target = HttpTarget(f"{http_server}/blob")
+    rule = StopRule(rse=0.05, min_count=10, max_count=10, budget_s=5.0)
+    began = asyncio.get_running_loop().time()
+    results = await profile_target(target, idle_ms=[30.0], rule=rule, store=store)
+    elapsed = asyncio.get_running_loop().time() - began
+    # the reference at 0 ms is added; the pauses are not part of the samples but do take their time
+    assert [(r.key.api, r.key.param, r.key.value) for r in results] == [(WAKE_API, "idle_ms", 0.0),
+                                                                          (WAKE_API, "idle_ms", 30.0)]
+    assert all(r.samples_ms.size == 10 and float(np.median(r.samples_ms)) < 30.0 for r in results)
+    assert elapsed >= 10 * 0.030
+    profile = wake_profile(store)
+    assert profile is not None and profile.idle_ms.tolist() == [0.0, 30.0]
+    with pytest.raises(ProfilingError, match="without sizes"):
+        await profile_target(target, idle_ms=[5.0], sizes=[10], rule=rule)
+    with pytest.raises(ProfilingError, match=">= 0"):
+        await profile_target(target, idle_ms=[-1.0], rule=rule)
+    store.close()

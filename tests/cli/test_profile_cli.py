@@ -143,3 +143,13 @@ def test_e2e_errors(graphs_file: Path, tmp_path: Path) -> None:
     assert code == 1 and "HarFileError" in out and "log.entries[3].request.method" in out
     code, out = run("e2e", "--har", str(HAR), "--route", "GET /")
     assert code == 2 and "--graphs" in out
+
+
+def test_profile_idle_usage_errors(tmp_path: Path) -> None:
+    db = str(tmp_path / "p.db")
+    code, out = run("profile", "--redis", "redis://x", "--idle", "10", "--store", db)
+    assert code == 2 and "--idle goes with --http" in out
+    code, out = run("profile", "--http", "http://127.0.0.1:1/post/1", "--idle", "10", "--size", "1k", "--store", db)
+    assert code == 2 and "--idle goes without --size" in out
+    code, out = run("profile", "--http", "http://127.0.0.1:1/post/1", "--idle", "ten", "--store", db)
+    assert code == 2 and "expected numbers" in out

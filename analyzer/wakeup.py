@@ -1,0 +1,150 @@
+"""Wake-up cost: how much longer the event loop's work takes after the host has been idle for a while.
+
+On a virtual machine the first work after an idle spell runs slow: the vCPU was halted, its caches and branch
+predictors went cold, and the host's frequency governor lowered its clock while it was idle (Linux's schedutil
+follows a utilisation signal with a 32 ms half-life). Measured on the example app at one user: after a 20 ms
+pause between requests, the post page's server-side latency grew from 2.2 to 2.9 ms, every step of the first
+couple of milliseconds slower, and under a location scenario a 3 ms render that ran right after a 10 ms wait for
+the database took 4.5 ms. A scenario that lengthens io waits (location, tier, size) leaves the loop idle longer
+before each step it wakes up for, so it adds this cost as well as the longer waits.
+
+A *wake-up profile* holds it: latencies of one request kind (or call) measured after idle gaps of ``idle_ms``
+(api ``wake``, parameterised by ``idle_ms``, 0 included: back to back). What an idle gap ``g`` adds to the
+first loop work after it is read off the profiles at an independent uniform quantile ``u``:
+
+    extra(g, u) = Q_g(u) - Q_0(u)
+
+linear in ``g`` between measured gaps, the largest gap's extra above it, nothing for ``g <= 0``. The profile
+measured it on a whole request's work, so the extra is spread over the first ``span_ms`` of loop work after
+the gap, the loop work the profiled route's requests do as the graphs record it (:func:`with_route_work`; the
+profiled median latency when the graphs do not hold the route): a short step woken after a long wait runs
+slow, but does not pay a whole request's warm-up. The load simulation (:mod:`analyzer.loadsim`) knows the loop's idle
+gap before every piece of work; it charges each piece what its gap adds under the scenario minus what its gap
+in the same request added under the baseline, so what the recorded durations already hold is not counted
+twice.
+
+Measured from outside the app (``perfcast profile --wake URL``), a profile also holds the client's own wake-up;
+from the app's spans (server-side latencies of requests sent after pauses) it holds the app's alone.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzer.graph import CausalGraph, NodeKind
+
+__all__ = ["WAKE_API", "WakeProfile", "wake_extra_ms", "wake_profile", "with_route_work"]
+
+FloatArray = npt.NDArray[np.float64]
+
+WAKE_API = "wake"
+"""The api of wake-up profiles (parameterised by ``idle_ms``)."""
+
+_GRID = 200
+"""Quantiles kept per idle gap (u = (i + 0.5) / 200)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WakeProfile:
+    """What an idle gap adds to the loop work after it, per measured gap."""
+
+    idle_ms: FloatArray
+    """``(m,)`` increasing idle gaps, starting at 0."""
+    extra_ms: FloatArray
+    """``(m, 200)``: ``Q_g(u) - Q_0(u)`` at each gap on the grid ``u = (i + 0.5) / 200`` (row 0: zeros)."""
+    how: str
+    """Which profiles, for ``--explain``."""
+    span_ms: float = 1.0
+    """The loop work a gap's extra is spread over: the profiled requests' median latency back to back, until
+    :func:`with_route_work` sets the loop work their route's graphs record."""
+    resource: str = ""
+    """What was timed: ``... GET /post/{id}`` for an endpoint of the app (its route last)."""
+    _rows: list[list[float]] = field(init=False, repr=False, compare=False)
+    _levels: list[float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_rows", self.extra_ms.tolist())
+        object.__setattr__(self, "_levels", self.idle_ms.tolist())
+
+    def at(self, gap_ms: float, u: float) -> float:
+        """:func:`wake_extra_ms` for one gap: the simulation asks once per piece of work, so no numpy here."""
+        if gap_ms <= 0.0:
+            return 0.0
+        levels, rows = self._levels, self._rows
+        k = min(max(int(u * _GRID), 0), _GRID - 1)
+        hi = min(max(bisect_left(levels, gap_ms), 1), len(levels) - 1)
+        lo = hi - 1
+        t = min(max((gap_ms - levels[lo]) / (levels[hi] - levels[lo]), 0.0), 1.0)
+        return (1.0 - t) * rows[lo][k] + t * rows[hi][k]
+
+
+def wake_profile(store: Any) -> WakeProfile | None:
+    """The wake-up profile of ``store`` (anything with ``keys()`` and ``select``), or None when it has none.
+
+    The first resource with a profile at ``idle_ms=0`` and at one gap or more is used.
+    """
+    keys = getattr(store, "keys", None)
+    if keys is None:
+        return None
+    by_resource: dict[tuple[str, tuple[tuple[str, str], ...]], set[float]] = {}
+    for key in keys():
+        if key.api == WAKE_API and key.param == "idle_ms":
+            by_resource.setdefault((key.resource, key.labels), set()).add(key.value)
+    grid = (np.arange(_GRID) + 0.5) / _GRID
+    for (resource, labels), gaps in sorted(by_resource.items()):
+        if 0.0 not in gaps or len(gaps) < 2:
+            continue
+        levels = sorted(gaps)
+        q = [np.quantile(store.select(WAKE_API, resource, dict(labels), "idle_ms", g).samples_ms, grid)
+             for g in levels]
+        extra = np.vstack([row - q[0] for row in q])
+        where = f"{resource} " if resource else ""
+        return WakeProfile(np.asarray(levels, dtype=np.float64), extra,
+                           f"wake-up profile {where}at idle {', '.join(f'{g:g}' for g in levels)} ms",
+                           max(float(q[0][_GRID // 2]), 1e-3), resource)
+    return None
+
+
+def with_route_work(profile: WakeProfile, graphs: Sequence[CausalGraph]) -> tuple[WakeProfile, str]:
+    """The profile spread over the loop work its requests do, when ``graphs`` hold their route: per request, the
+    compute nodes' CPU time (their duration when none was recorded) and the io calls' CPU on the loop, averaged
+    over the route's recorded requests. Also says where the span came from."""
+    name = profile.resource
+    routes = [g for g in graphs if g.route and (name == g.route or name.endswith(" " + g.route))]
+    total = count = 0.0
+    for g in routes:
+        for n in g.nodes:
+            if n.kind is NodeKind.COMPUTE:
+                total += float(np.sum(n.cpu_ms if n.cpu_ms else n.samples_ms))
+            elif n.kind is NodeKind.IO and n.cpu_ms:
+                total += float(np.sum(n.cpu_ms))
+        count += len(g.latency_ms) or g.count
+    if not routes or count <= 0 or total <= 0:
+        return profile, f"the first {profile.span_ms:.2g} ms of work (the profiled requests' median latency)"
+    work = total / count
+    return (replace(profile, span_ms=work),
+            f"the first {work:.2g} ms of loop work ({routes[0].route}'s work per request, as recorded)")
+
+
+def wake_extra_ms(profile: WakeProfile, gap_ms: npt.ArrayLike, u: npt.ArrayLike) -> FloatArray:
+    """What idle gaps ``gap_ms`` add to the loop work after them, at independent uniform quantiles ``u``.
+
+    >>> p = WakeProfile(np.array([0.0, 10.0, 20.0]), np.vstack([np.zeros(200), np.full(200, 0.4),
+    ...                                                         np.full(200, 0.6)]), "")
+    >>> wake_extra_ms(p, [-1.0, 0.0, 5.0, 10.0, 15.0, 40.0], [0.5] * 6).round(3).tolist()
+    [0.0, 0.0, 0.2, 0.4, 0.5, 0.6]
+    """
+    g = np.asarray(gap_ms, dtype=np.float64)
+    k = np.clip((np.asarray(u, dtype=np.float64) * _GRID).astype(np.intp), 0, _GRID - 1)
+    levels, d = profile.idle_ms, profile.extra_ms
+    hi = np.clip(np.searchsorted(levels, g), 1, levels.size - 1)
+    lo = hi - 1
+    t = np.clip((g - levels[lo]) / (levels[hi] - levels[lo]), 0.0, 1.0)
+    out = (1.0 - t) * d[lo, k] + t * d[hi, k]
+    return np.asarray(np.where(g <= 0.0, 0.0, out), dtype=np.float64)

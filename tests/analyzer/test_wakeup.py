@@ -1,0 +1,98 @@
+"""Wake-up profiles and what the simulation charges for the loop's idle gaps, on graphs worked out by hand."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analyzer.predict import predict
+from analyzer.profiles import ProfileKey, ProfileStore
+from analyzer.wakeup import WAKE_API, WakeProfile, wake_extra_ms, wake_profile
+from tests.analyzer.test_predict import compute, graph, io, rng
+
+
+def wake_store(path: Path, at: dict[float, float]) -> ProfileStore:
+    """Wake-up profiles: 1 ms back to back, ``1 + at[g]`` ms after a pause of g ms (every sample alike)."""
+    s = ProfileStore(path)
+    for gap, extra in {0.0: 0.0, **at}.items():
+        s.add(ProfileKey.make(WAKE_API, "http://app", {}, "idle_ms", gap), np.full(50, 1.0 + extra))
+    return s
+
+
+def test_profile_reads_the_shift_of_each_gap_and_the_span_of_work(tmp_path: Path) -> None:
+    with wake_store(tmp_path / "p.db", {10.0: 0.6}) as s:
+        p = wake_profile(s)
+    assert p is not None
+    assert p.idle_ms.tolist() == [0.0, 10.0] and p.span_ms == pytest.approx(1.0)
+    np.testing.assert_allclose(wake_extra_ms(p, [0.0, 5.0, 10.0, 50.0], [0.3] * 4), [0.0, 0.3, 0.6, 0.6])
+    with ProfileStore(tmp_path / "one.db") as s:  # no reference at 0 ms: no profile
+        s.add(ProfileKey.make(WAKE_API, "http://app", {}, "idle_ms", 10.0), [1.0, 2.0])
+        assert wake_profile(s) is None
+
+
+def test_scalar_and_vector_forms_agree() -> None:
+    p = WakeProfile(np.array([0.0, 5.0, 20.0]), np.vstack([np.zeros(200), np.linspace(0, 1, 200),
+                                                          np.linspace(1, 2, 200)]), "")
+    gaps = np.random.default_rng(1).uniform(-5, 40, 500)
+    us = np.random.default_rng(2).random(500)
+    np.testing.assert_allclose([p.at(g, u) for g, u in zip(gaps, us, strict=True)], wake_extra_ms(p, gaps, us))
+
+
+def chain() -> object:
+    """io a (1 ms, one Redis round trip) -> c (0.2 ms) -> d (1.5 ms) -> end."""
+    return graph("GET /", [io("a", [1.0] * 4), compute("c", [0.2] * 4, [0.2] * 4), compute("d", [1.5] * 4, [1.5] * 4)],
+                 [("start", "a"), ("a", "c"), ("c", "d"), ("d", "end")])
+
+
+def test_a_longer_wait_is_charged_the_extra_of_its_gap_beyond_the_recorded_gap(tmp_path: Path) -> None:
+    # Recorded, the loop idles 1 ms (the call) before c; with +10 ms, 11 ms. The profile: +0.06 ms per ms of
+    # gap up to 10 ms, +0.6 above, spread over the first 1 ms of work (its requests' latency back to back):
+    # c and d (1.7 ms of work) take it all, 0.6 - 0.06 more than recorded.
+    with wake_store(tmp_path / "p.db", {10.0: 0.6}) as s:
+        (p,) = predict([chain()], "location:redis=+10ms", s, samples=200, rng=rng())
+        (plain,) = predict([chain()], "location:redis=+10ms", None, samples=200, rng=rng())
+    np.testing.assert_allclose(plain.predicted.samples_ms, 12.7, atol=1e-9)
+    np.testing.assert_allclose(p.predicted.samples_ms, 12.7 + 0.6 - 0.06, atol=1e-9)
+    assert any("wake-up" in n for n in p.notes)
+
+
+def test_short_work_after_a_gap_pays_its_share_only(tmp_path: Path) -> None:
+    # a -> c (0.2 ms) -> end: c is 0.2 of the 1 ms the extra is spread over
+    g = graph("GET /", [io("a", [1.0] * 4), compute("c", [0.2] * 4, [0.2] * 4)],
+              [("start", "a"), ("a", "c"), ("c", "end")])
+    with wake_store(tmp_path / "p.db", {10.0: 0.6}) as s:
+        (p,) = predict([g], "location:redis=+10ms", s, samples=200, rng=rng())
+    np.testing.assert_allclose(p.predicted.samples_ms, 11.2 + 0.2 * (0.6 - 0.06), atol=1e-9)
+
+
+def test_scenarios_that_change_no_wait_are_not_charged(tmp_path: Path) -> None:
+    with wake_store(tmp_path / "p.db", {10.0: 0.6}) as s:
+        (p,) = predict([chain()], "load:1", s, samples=200, rng=rng())
+    np.testing.assert_allclose(p.predicted.samples_ms, 2.7, atol=1e-9)
+    assert not any("wake-up" in n for n in p.notes)
+
+
+def test_a_short_gap_does_not_warm_a_loop_still_cold_from_a_long_one(tmp_path: Path) -> None:
+    # a (Redis, +10 ms) -> c (0.2) -> b (PostgreSQL 0.5 ms, unchanged) -> d (1.5): the 0.5 ms gap before d
+    # would owe 0.03 ms; the 0.8 ms of cold work left from the 11 ms gap owes more, so d pays that
+    g = graph("GET /", [io("a", [1.0] * 4), compute("c", [0.2] * 4, [0.2] * 4),
+                        io("b", [0.5] * 4, system="postgresql", api="postgresql SELECT"),
+                        compute("d", [1.5] * 4, [1.5] * 4)],
+              [("start", "a"), ("a", "c"), ("c", "b"), ("b", "d"), ("d", "end")])
+    with wake_store(tmp_path / "p.db", {10.0: 0.6}) as s:
+        (p,) = predict([g], "location:redis=+10ms", s, samples=200, rng=rng())
+    np.testing.assert_allclose(p.predicted.samples_ms, 13.2 + 0.6 - 0.06, atol=1e-9)
+
+
+def test_the_extra_is_spread_over_the_work_the_profiled_route_records(tmp_path: Path) -> None:
+    from analyzer.wakeup import with_route_work
+
+    profile = WakeProfile(np.array([0.0, 10.0]), np.vstack([np.zeros(200), np.full(200, 0.6)]), "", 1.0,
+                          "http://app GET /")
+    spread, how = with_route_work(profile, [chain()])  # c 0.2 + d 1.5 ms of CPU per request
+    assert spread.span_ms == pytest.approx(1.7) and "GET /" in how
+    other, how = with_route_work(replace(profile, resource="http://app GET /other"), [chain()])
+    assert other.span_ms == 1.0 and "median latency" in how
