@@ -12,7 +12,10 @@ Steps, per scenario (docs/demo.md says why each choice):
 2. graphs from the pooled baseline runs' measured windows;
 3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size (size: the app's
    ``--payload-bytes`` changes its blob fetches only, so the spec filters on that api), RTTs through the proxy
-   at 0 ms and with the delay (the ``(rtt)`` rows of location);
+   at 0 ms and with the delay (the ``(rtt)`` rows of location), and once, before the location cases, a
+   wake-up profile of the app (``analyzer.wakeup``: the post page's server-side latency, from the spans, one
+   request at a time after pauses of 0-40 ms; ``--no-wake`` leaves it out), used only by the ``(wake-up)``
+   rows: the nominal delay, with the loop's longer idle gaps charged what the profile says they cost;
 4. predict (``analyzer.predict``) and compare with the pooled server-side latencies of the scenario runs; the
    location cases are also predicted for the delay the proxy really added in the scenario runs (its threads wake
    late on a busy machine: ``LatencyProxy.applied_delay_ms``), the ``(applied)`` rows.
@@ -175,6 +178,19 @@ def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: An
         f"{np.median(got[g]):.2f} ms at {g:g}" for g in WAKE_LEVELS))
 
 
+class _WithoutWake:
+    """The profile store without its wake-up profile (:mod:`analyzer.wakeup`)."""
+
+    def __init__(self, store: ProfileStore) -> None:
+        self.store = store
+
+    def keys(self) -> list[ProfileKey]:
+        return [k for k in self.store.keys() if k.api != WAKE_API]
+
+    def select(self, *args: Any, **kwargs: Any) -> Any:
+        return self.store.select(*args, **kwargs)
+
+
 def _rtt_target(resource: str, d: Deployment, setup: ForumSetup) -> Any:
     """One network round trip through the resource's proxy: an HTTP GET /health, a Redis PING, a SELECT 1."""
     if resource == "blob":
@@ -318,10 +334,12 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold]profiles[/]: http {BLOB_API} at {setup.payload_bytes} and {ns.size} bytes")
         _profile_sizes(setup, store, [setup.payload_bytes, ns.size], budget_s=8.0)
 
+    wake = None
     if any(c.selector for c in cases) and not ns.no_wake:
         console.print("[bold]profiles[/]: wake-up of the app after pauses of "
                       f"{', '.join(f'{g:g}' for g in WAKE_LEVELS)} ms")
         _profile_wake(setup, store, work, status)
+        wake = WAKE_LEVELS
 
     rows: list[dict[str, Any]] = []
     rng = np.random.default_rng(7)
@@ -370,11 +388,15 @@ def main(argv: list[str] | None = None) -> int:
             status("measuring the RTT through the proxy at 0 ms and with the delay")
             _profile_rtt(case_setup, case, store)
             variants.append((replace(case, name=f"{case.name} (rtt)"), f"location:{case.selector}={case.name}"))
+            if wake is not None:
+                variants.append((replace(case, name=f"{case.name} (wake-up)"), case.spec))
         predicted = []
         for variant, spec in variants:
+            # the wake-up profile only where the row says so: the other rows are as the engine predicts without it
+            profiles = store if variant.name.endswith("(wake-up)") else _WithoutWake(store)
             try:
-                preds = (_predict_by_round(spec, bases, lights, store, ns.samples, rng, status) if calibrate
-                         else predict(graphs, spec, store, ns.samples, rng))
+                preds = (_predict_by_round(spec, bases, lights, profiles, ns.samples, rng, status) if calibrate
+                         else predict(graphs, spec, profiles, ns.samples, rng))
                 predicted.append((replace(variant, spec=spec), {p.route: p for p in preds}))
             except AnalyzerError as exc:
                 status(f"[red]cannot predict {spec}[/]: {type(exc).__name__}: {exc}")
