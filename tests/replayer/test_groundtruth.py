@@ -15,6 +15,7 @@ from replayer.groundtruth import (
     GroundTruthError,
     deploy,
     measure,
+    measure_idle,
     route_of,
 )
 
@@ -77,6 +78,20 @@ def test_collected_run_gives_server_latencies_inside_the_window(tmp_path: Path) 
         assert min(truth.server_ms[route]) <= min(truth.client_ms[route])
     begin, end = truth.window_ns
     assert 0 < begin < end
+
+
+def test_idle_runs_pause_between_requests_and_keep_only_their_own_requests(tmp_path: Path) -> None:
+    import time
+
+    began = time.monotonic()
+    got = measure_idle(ForumSetup(seed=5), [0.0, 30.0], requests=12, rounds=2, spans=tmp_path / "wake.jsonl")
+    elapsed = time.monotonic() - began
+    # each pause level's requests, server-side (the 5 warm-up requests of each load are outside the windows)
+    assert sorted(got) == [0.0, 30.0] and [len(got[g]) for g in (0.0, 30.0)] == [12, 12]
+    assert all(0 < x < 30.0 for xs in got.values() for x in xs)  # the pause is not part of a latency
+    assert elapsed >= 12 * 0.030  # but it was taken
+    with pytest.raises(ValueError):
+        measure_idle(ForumSetup(), [], spans=tmp_path / "none.jsonl")
 
 
 def test_every_process_is_stopped_even_when_the_block_raises() -> None:
