@@ -59,7 +59,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
@@ -69,7 +69,7 @@ import numpy.typing as npt
 from analyzer.distribution import DagPlan, evaluate_plan
 from analyzer.errors import ProfileError
 from analyzer.graph import CausalGraph, Node, NodeKind
-from analyzer.scenario import Failure, Load, Location, Scenario, Size, Tier, applies, matches
+from analyzer.scenario import Failure, Load, Scenario, Tier, applies, matches
 from analyzer.wakeup import WakeProfile, wake_profile, with_route_work
 
 if TYPE_CHECKING:
@@ -379,14 +379,12 @@ def simulate_scenario(
     idle gap before each piece of work in each request as recorded, then under the scenario, where each piece
     of work is charged what its gap adds beyond what its recorded gap did.
     """
-    profile = wake_profile(store) if store is not None and any(
-        isinstance(c, (Location, Tier, Size)) for c in scenario.changes) else None
+    profile = wake_profile(store) if store is not None and scenario.changes_calls else None
     if profile is None:
         return _simulate_once(graphs, models, scenario, store, samples, rng)
     profile, spread = with_route_work(profile, graphs)
     cost = _WakeCost(profile, spread, int(rng.integers(2**62)))
-    base = replace(scenario, changes=tuple(c for c in scenario.changes if not isinstance(c, (Location, Tier, Size))))
-    _simulate_once(graphs, [m.baseline() for m in models], base, store, samples,
+    _simulate_once(graphs, [m.baseline() for m in models], scenario.without_call_changes(), store, samples,
                    np.random.default_rng(int(rng.integers(2**62))), cost.cost(recording=True))
     latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, cost.cost(recording=False))
     notes.append(cost.describe())

@@ -47,7 +47,6 @@ from analyzer.distribution import (
 from analyzer.errors import GraphError, ProfileError, ScenarioError
 from analyzer.graph import CausalGraph, Node, NodeKind
 from analyzer.interference import cpu_slowdown, extra_ms, stretch_profile
-from analyzer.wakeup import wake_profile
 from analyzer.scenario import (
     Failure,
     Interference,
@@ -63,6 +62,7 @@ from analyzer.scenario import (
     parse_scenario,
     target_of,
 )
+from analyzer.wakeup import wake_profile
 
 __all__ = [
     "NodeDurations",
@@ -223,8 +223,7 @@ def predict(
     scenario, pool_note = _with_observed_pools(scenario, graphs)
     if store is not None:
         store = _MemoStore(store)
-        if not scenario.needs_simulation and any(isinstance(c, (Location, Tier, Size)) for c in scenario.changes) \
-                and wake_profile(store) is not None:
+        if not scenario.needs_simulation and scenario.changes_calls and wake_profile(store) is not None:
             # the loop's idle gaps, which a wake-up profile prices, are known to the simulation only
             scenario = replace(scenario, changes=scenario.changes + (Load(users=1),))
     routes: dict[str, list[CausalGraph]] = {}
@@ -292,7 +291,6 @@ def _with_observed_pools(scenario: Scenario, graphs: Sequence[CausalGraph]) -> t
     touches I/O is therefore simulated (one user when it has no ``load:`` of its own) with those limits, unless
     the scenario sets a ``pool.R`` itself.
     """
-
     pools: dict[str, int] = {}
     for graph in graphs:
         for resource, limit in (graph.meta.get("pools") or {}).items():

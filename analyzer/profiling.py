@@ -517,14 +517,6 @@ async def profile_target(
     applies to each point. ``progress(key)`` returns the callback for that point.
     """
     points: list[tuple[str, float, int | None, int]] = []
-    if not sizes and not concurrencies:
-        points.append(("", 0.0, None, 1))
-    for n_bytes in sizes:
-        points.append(("size_bytes", float(n_bytes), n_bytes, 1))
-    for c in concurrencies:
-        if c < 1:
-            raise ProfilingError(f"--concurrency {c}: must be at least 1")
-        points.append(("concurrency", float(c), sizes[0] if sizes else None, c))
     if idle_ms:
         if sizes or concurrencies:
             raise ProfilingError("idle gaps (a wake-up profile) go without sizes or concurrencies")
@@ -533,6 +525,14 @@ async def profile_target(
         if not isinstance(target, HttpTarget):
             raise ProfilingError("a wake-up profile (idle gaps) times one of the app's own HTTP endpoints")
         points = [("idle_ms", g, None, 1) for g in sorted({0.0, *map(float, idle_ms)})]
+    elif not sizes and not concurrencies:
+        points.append(("", 0.0, None, 1))
+    for n_bytes in sizes:
+        points.append(("size_bytes", float(n_bytes), n_bytes, 1))
+    for c in concurrencies:
+        if c < 1:
+            raise ProfilingError(f"--concurrency {c}: must be at least 1")
+        points.append(("concurrency", float(c), sizes[0] if sizes else None, c))
     results = []
     for param, value, size, concurrency in points:
         if param == "idle_ms":  # named by the route it times, which the engine matches to its graphs

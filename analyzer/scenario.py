@@ -171,6 +171,15 @@ class Scenario:
         """Load and failure change how requests share the loop and the pools: :mod:`analyzer.loadsim`."""
         return any(isinstance(c, (Load, Failure)) for c in self.changes)
 
+    @property
+    def changes_calls(self) -> bool:
+        """Some change (location, tier, size: :data:`Targeted`) makes calls take another time."""
+        return any(isinstance(c, Targeted) for c in self.changes)
+
+    def without_call_changes(self) -> Scenario:
+        """The same scenario without its location, tier and size changes."""
+        return Scenario(self.name, tuple(c for c in self.changes if not isinstance(c, Targeted)))
+
 
 # --- parsing ----------------------------------------------------------------------------------------------------
 

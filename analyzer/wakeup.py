@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from analyzer.graph import CausalGraph, NodeKind
 
-__all__ = ["WAKE_API", "WakeProfile", "wake_extra_ms", "wake_profile", "with_route_work"]
+__all__ = ["WAKE_API", "WakeProfile", "wake_profile", "with_route_work"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -73,7 +73,16 @@ class WakeProfile:
         object.__setattr__(self, "_levels", self.idle_ms.tolist())
 
     def at(self, gap_ms: float, u: float) -> float:
-        """:func:`wake_extra_ms` for one gap: the simulation asks once per piece of work, so no numpy here."""
+        """What an idle gap of ``gap_ms`` adds to the loop work after it, at the uniform quantile ``u``.
+
+        Linear in the gap between measured gaps, the largest gap's extra above them, nothing for a gap <= 0.
+        Plain Python: the simulation asks once per piece of work.
+
+        >>> p = WakeProfile(np.array([0.0, 10.0, 20.0]), np.vstack([np.zeros(200), np.full(200, 0.4),
+        ...                                                         np.full(200, 0.6)]), "")
+        >>> [round(p.at(g, 0.5), 3) for g in (-1.0, 0.0, 5.0, 10.0, 15.0, 40.0)]
+        [0.0, 0.0, 0.2, 0.4, 0.5, 0.6]
+        """
         if gap_ms <= 0.0:
             return 0.0
         levels, rows = self._levels, self._rows
@@ -130,21 +139,3 @@ def with_route_work(profile: WakeProfile, graphs: Sequence[CausalGraph]) -> tupl
     work = total / count
     return (replace(profile, span_ms=work),
             f"the first {work:.2g} ms of loop work ({routes[0].route}'s work per request, as recorded)")
-
-
-def wake_extra_ms(profile: WakeProfile, gap_ms: npt.ArrayLike, u: npt.ArrayLike) -> FloatArray:
-    """What idle gaps ``gap_ms`` add to the loop work after them, at independent uniform quantiles ``u``.
-
-    >>> p = WakeProfile(np.array([0.0, 10.0, 20.0]), np.vstack([np.zeros(200), np.full(200, 0.4),
-    ...                                                         np.full(200, 0.6)]), "")
-    >>> wake_extra_ms(p, [-1.0, 0.0, 5.0, 10.0, 15.0, 40.0], [0.5] * 6).round(3).tolist()
-    [0.0, 0.0, 0.2, 0.4, 0.5, 0.6]
-    """
-    g = np.asarray(gap_ms, dtype=np.float64)
-    k = np.clip((np.asarray(u, dtype=np.float64) * _GRID).astype(np.intp), 0, _GRID - 1)
-    levels, d = profile.idle_ms, profile.extra_ms
-    hi = np.clip(np.searchsorted(levels, g), 1, levels.size - 1)
-    lo = hi - 1
-    t = np.clip((g - levels[lo]) / (levels[hi] - levels[lo]), 0.0, 1.0)
-    out = (1.0 - t) * d[lo, k] + t * d[hi, k]
-    return np.asarray(np.where(g <= 0.0, 0.0, out), dtype=np.float64)

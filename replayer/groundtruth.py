@@ -536,8 +536,8 @@ def measure_idle(
                 step(f"round {k + 1}: {requests // rounds} requests, {gap:g} ms apart")
                 _, window, _ = _load(d.url, 1, requests // rounds, 60.0, 5, (path,), setup.seed, think_ms=gap)
                 windows.setdefault(float(gap), []).append(window)
-    return {gap: [x for w in ws for xs in _server_latencies(d.spans, w).values() for x in xs]
-            for gap, ws in windows.items()}
+    requests = _requests(d.spans)  # read once, split by window
+    return {gap: [r.latency_ms for r in requests if any(_inside(r, w) for w in ws)] for gap, ws in windows.items()}
 
 
 def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[str]:
@@ -562,7 +562,7 @@ def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: in
         begin = time.time_ns()
         result = run_load_subprocess(url, users=users, requests=requests, duration_s=max_duration_s,
                                      paths=tuple(paths), seed=None if seed is None else seed + 1,
-                                     **({"think_ms": think_ms} if think_ms > 0 else {}))
+                                     think_ms=think_ms)
         end = time.time_ns()
         cpu1 = _cpu_s(pids)
     except RuntimeError as exc:
@@ -583,15 +583,22 @@ def _cpu_s(pids: Sequence[int]) -> tuple[float, float]:
     return user, system
 
 
-def _server_latencies(files: Sequence[str], window: tuple[int, int]) -> dict[str, list[float]]:
-    """route -> latency of each request in ``files`` that started and ended inside ``window``."""
+def _requests(files: Sequence[str]) -> list[Any]:
+    """The requests recorded in ``files``; a missing file (a replica stopped before it served anything) is
+    skipped."""
     from analyzer.spans import read_spans
 
+    return [req for path in files if Path(path).is_file() for req in read_spans(path).requests]
+
+
+def _inside(req: Any, window: tuple[int, int]) -> bool:
+    return window[0] <= req.start_ns and req.end_ns <= window[1]
+
+
+def _server_latencies(files: Sequence[str], window: tuple[int, int]) -> dict[str, list[float]]:
+    """route -> latency of each request in ``files`` that started and ended inside ``window``."""
     out: dict[str, list[float]] = {}
-    for path in files:
-        if not Path(path).is_file():
-            continue  # a replica stopped before it served anything
-        for req in read_spans(path).requests:
-            if window[0] <= req.start_ns and req.end_ns <= window[1]:
-                out.setdefault(req.route, []).append(req.latency_ms)
+    for req in _requests(files):
+        if _inside(req, window):
+            out.setdefault(req.route, []).append(req.latency_ms)
     return out

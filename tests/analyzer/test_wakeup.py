@@ -10,7 +10,7 @@ import pytest
 
 from analyzer.predict import predict
 from analyzer.profiles import ProfileKey, ProfileStore
-from analyzer.wakeup import WAKE_API, WakeProfile, wake_extra_ms, wake_profile
+from analyzer.wakeup import WAKE_API, WakeProfile, wake_profile
 from tests.analyzer.test_predict import compute, graph, io, rng
 
 
@@ -27,18 +27,21 @@ def test_profile_reads_the_shift_of_each_gap_and_the_span_of_work(tmp_path: Path
         p = wake_profile(s)
     assert p is not None
     assert p.idle_ms.tolist() == [0.0, 10.0] and p.span_ms == pytest.approx(1.0)
-    np.testing.assert_allclose(wake_extra_ms(p, [0.0, 5.0, 10.0, 50.0], [0.3] * 4), [0.0, 0.3, 0.6, 0.6])
+    np.testing.assert_allclose([p.at(g, 0.3) for g in (0.0, 5.0, 10.0, 50.0)], [0.0, 0.3, 0.6, 0.6])
     with ProfileStore(tmp_path / "one.db") as s:  # no reference at 0 ms: no profile
         s.add(ProfileKey.make(WAKE_API, "http://app", {}, "idle_ms", 10.0), [1.0, 2.0])
         assert wake_profile(s) is None
 
 
-def test_scalar_and_vector_forms_agree() -> None:
-    p = WakeProfile(np.array([0.0, 5.0, 20.0]), np.vstack([np.zeros(200), np.linspace(0, 1, 200),
-                                                          np.linspace(1, 2, 200)]), "")
+def test_extra_interpolates_each_quantile_between_measured_gaps() -> None:
+    levels = np.array([0.0, 5.0, 20.0])
+    extra = np.vstack([np.zeros(200), np.linspace(0, 1, 200), np.linspace(1, 2, 200)])
+    p = WakeProfile(levels, extra, "")
     gaps = np.random.default_rng(1).uniform(-5, 40, 500)
     us = np.random.default_rng(2).random(500)
-    np.testing.assert_allclose([p.at(g, u) for g, u in zip(gaps, us, strict=True)], wake_extra_ms(p, gaps, us))
+    # numpy's own interpolation of the quantile's column; flat above the largest gap, nothing at or below 0
+    expected = [np.interp(g, levels, extra[:, int(u * 200)]) if g > 0 else 0.0 for g, u in zip(gaps, us, strict=True)]
+    np.testing.assert_allclose([p.at(g, u) for g, u in zip(gaps, us, strict=True)], expected)
 
 
 def chain() -> object:
