@@ -81,11 +81,13 @@ class _Obs:
     sync: SyncPoint | None = None
     """sync nodes of synchronisation points: the point."""
     inline: bool = False
+    """sync nodes: the point completed without suspending the task (an inline body: timeout, TaskGroup)."""
     won_by: str = ""
     """any-wait sync nodes: the predecessor(s) that finished first (comma-separated ids)."""
     cpu_before_ns: int = 0
     """io nodes: the part of ``cpu_ns`` in the step that made the call (before its first wait)."""
-    """sync nodes: the point completed without suspending the task (an inline body: timeout, TaskGroup)."""
+    inflight: int = 0
+    """io nodes: the request's calls to the same resource in flight when this one started, itself included."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +222,8 @@ def _merge(route: str, variant: int, members: Sequence[RequestGraph]) -> CausalG
         for key in ("ready_ms", "wait_ms", "cpu_before_ms"):
             if key in extra:
                 extra[key] = [round(float(s.extra[key][0]), 6) for s in samples]
+        if "inflight" in extra:
+            extra["inflight"] = [int(s.extra["inflight"][0]) for s in samples]
         if "wait_ms" in extra and not any(extra["wait_ms"]):
             del extra["wait_ms"]
         nodes.append(
@@ -548,6 +552,7 @@ class _Builder:
         for prev_id, sync_id, next_id in self.after_any:
             if not all(nx.has_path(dag, prev_id, p) for p in dag.predecessors(sync_id)):
                 edges.add((prev_id, next_id))
+        _count_inflight([n for n in nodes.values() if n.io is not None])
         return RequestGraph(req, {i: _to_node(n) for i, n in nodes.items()}, tuple(sorted(edges)))
 
     def _spawn_edge(self, task: TaskLife, first: _Obs, edges: set[tuple[str, str]]) -> None:
@@ -683,6 +688,18 @@ class _Builder:
         return done if body_races else max(done, prev.end_ns)
 
 
+def _count_inflight(calls: Sequence[_Obs]) -> None:
+    """Set each io node's ``inflight``: the request's calls to its resource open when it started (itself too)."""
+    by_resource: dict[str, list[IoCall]] = defaultdict(list)
+    for obs in calls:
+        assert obs.io is not None
+        by_resource[obs.io.resource].append(obs.io)
+    for obs in calls:
+        assert obs.io is not None
+        start = obs.io.start_ns
+        obs.inflight = sum(1 for io in by_resource[obs.io.resource] if io.start_ns <= start < io.end_ns)
+
+
 def _to_node(obs: _Obs) -> Node:
     io = obs.io
     extra: dict[str, Any] = {}
@@ -694,6 +711,7 @@ def _to_node(obs: _Obs) -> Node:
         extra["won_by"] = obs.won_by
     if obs.kind is NodeKind.IO:
         extra["cpu_before_ms"] = [obs.cpu_before_ns / 1e6]
+        extra["inflight"] = [max(obs.inflight, 1)]
     return Node(
         id=obs.id,
         kind=obs.kind,

@@ -50,6 +50,22 @@ def test_gather_graph_structure_and_durations(tmp_path: Path) -> None:
     assert self_check(g).max() < 0.01
 
 
+def test_io_nodes_count_the_calls_in_flight_to_their_resource(tmp_path: Path) -> None:
+    # a gather of two redis calls that overlap ([0.6, 3.0] then [0.75, 2.0]), then one more call alone
+    t = Trace("GET /fan")
+    t.request(-0.1, 4.4, 1)
+    t.task(1, [(0, 0.5, "sync:10"), (3.2, 0.2, "io"), (4.1, 0.2, "done")], coro="fan")
+    t.task(2, [(0.55, 0.1, "io"), (3.0, 0.1, "done")], parent=1, spawn_step=0, created=0.2)
+    t.io(2, 0, 0.6, 3.0)
+    t.task(3, [(0.7, 0.1, "io"), (2.0, 0.1, "done")], parent=1, spawn_step=0, created=0.3)
+    t.io(3, 0, 0.75, 2.0)
+    t.io(1, 1, 3.3, 4.0)
+    t.sync(10, "gather", "all", [2, 3], task=1, step=0, start=0.45, end=3.15, resume_step=1)
+    [g] = graphs_of(tmp_path, t)
+    inflight = {n.id: n.extra["inflight"] for n in g.nodes if n.kind is NodeKind.IO}
+    assert inflight == {"root/gather#0[0]/io0": [1], "root/gather#0[1]/io0": [2], "root/io0": [1]}
+
+
 def test_compute_cpu_is_pro_rated(tmp_path: Path) -> None:
     t = Trace("GET /cpu")
     t.request(0, 3, 1)

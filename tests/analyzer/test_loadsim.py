@@ -7,6 +7,7 @@ A closed loop of N users with no think time over one FIFO CPU server of demand D
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -101,9 +102,24 @@ class TestCpuModel:
 
     def test_background_without_io_follows_the_request(self) -> None:
         graphs = with_background([chain("GET /", compute("c", 1.0))], 1.0)
-        # held when the request ends: the same user's next request finds the loop busy
-        assert mean_latency(graphs, "load:1") == pytest.approx(2.0, rel=0.01)
+        # held when the request ends: the next request finds the loop busy (6 users: D = 2, 12 ms)
+        assert mean_latency(graphs, "load:2") == pytest.approx(4.0, rel=0.01)
         assert mean_latency(graphs, "load:6") == pytest.approx(12.0, rel=0.01)
+
+    def test_background_is_not_queued_again_at_the_recorded_load(self) -> None:
+        # three parallel 1 ms calls after 1 ms of compute, 3 ms of background per request (1 ms per call): queued,
+        # the calls could not end before their shares were served, at 2, 3 and 4 ms. One user is the load the
+        # durations were recorded at, which holds the background's effect already: 2 ms as recorded
+        g = CausalGraph("GET /", [Node("start", NodeKind.START, (0.0,) * 20), compute("c", 1.0), io("a", 1.0),
+                                  io("b", 1.0), io("d", 1.0), Node("end", NodeKind.END, (0.0,) * 20)],
+                        [("start", "c"), ("c", "a"), ("c", "b"), ("c", "d"), ("a", "end"), ("b", "end"),
+                         ("d", "end")], latency_ms=[2.0] * 20)
+        graphs = with_background([g], 3.0)
+        assert mean_latency(graphs, "load:1") == pytest.approx(2.0)
+        (p,) = predict(graphs, "load:1", samples=100, rng=rng())
+        assert any("not queued at one user" in n for n in p.notes)
+        # two users: 1 + 3 ms of loop per request, and the calls wait for their shares (saturated: 2 x 4 ms)
+        assert mean_latency(graphs, "load:2") == pytest.approx(8.0, rel=0.01)
 
     def test_background_spread_over_calls_of_each_route(self) -> None:
         # one route with 3 calls, one with 1, equal shares: 2 calls per request on average, 1 ms per call
@@ -185,6 +201,14 @@ class TestCpuModel:
                  ("s1", "sync"), ("c1", "sync"), ("sync", "c2"), ("c2", "end"),
                  ("c0", "h"), ("h", "t1"), ("t1", "p2"), ("p2", "t2"), ("t2", "end")]
         g = CausalGraph("GET /", nodes, edges, latency_ms=[7.5] * 20)
+        assert mean_latency([g], "load:1?pool.postgresql=1") == pytest.approx(7.5)
+
+        # The caller wakes up 0.5 ms after the release (sync 0.5 ms) and has nothing left to do (c2 0 ms). The
+        # connection went back in the release itself, at 6.5: the other task's call runs [6.5, 7.5], the request
+        # ends at 7.5. Returned when the caller woke, at 7, it would end at 8.
+        late = [replace(n, samples_ms=(0.5,) * 20) if n.id == "sync" else
+                replace(n, samples_ms=(0.0,) * 20, cpu_ms=(0.0,) * 20) if n.id == "c2" else n for n in nodes]
+        g = CausalGraph("GET /", late, edges, latency_ms=[7.5] * 20)
         assert mean_latency([g], "load:1?pool.postgresql=1") == pytest.approx(7.5)
 
     def test_a_recorded_wait_for_a_connection_gives_way_to_the_simulated_pool(self) -> None:
