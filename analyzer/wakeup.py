@@ -23,14 +23,15 @@ gap before every piece of work; it charges each piece what its gap adds under th
 in the same request added under the baseline, so what the recorded durations already hold is not counted
 twice.
 
-Measured from outside the app (``perfcast profile --wake URL``), a profile also holds the client's own wake-up;
+Measured from outside the app (``perfcast profile --http URL --idle 5,10,20``), a profile also holds the
+client's own wake-up;
 from the app's spans (server-side latencies of requests sent after pauses) it holds the app's alone.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,8 +39,9 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer.graph import CausalGraph, NodeKind
+from analyzer.profiles import ProfileKey
 
-__all__ = ["WAKE_API", "WakeProfile", "wake_profile", "with_route_work"]
+__all__ = ["WAKE_API", "WakeProfile", "add_wake_profile", "wake_profile", "with_route_work"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -91,6 +93,21 @@ class WakeProfile:
         lo = hi - 1
         t = min(max((gap_ms - levels[lo]) / (levels[hi] - levels[lo]), 0.0), 1.0)
         return (1.0 - t) * rows[lo][k] + t * rows[hi][k]
+
+
+def add_wake_profile(store: Any, resource: str, latencies: Mapping[float, Sequence[float]], note: str = "") -> None:
+    """Store a wake-up profile: ``latencies[g]``, the latencies (ms) of ``resource`` measured after idle gaps of
+    ``g`` ms, 0 (back to back) included. ``resource`` names what was measured; a route's requests match the graphs'
+    route it ends with (``"forum GET /post/{id}"``, :func:`with_route_work`).
+
+    Raises ``ValueError`` when the gap 0 is missing or a gap has no latency.
+    """
+    if 0.0 not in {float(g) for g in latencies}:
+        raise ValueError(f"wake-up profile of {resource!r}: the gap 0 (requests back to back) is missing")
+    for gap, samples in sorted(latencies.items()):
+        if not samples:
+            raise ValueError(f"wake-up profile of {resource!r}: no latency measured {gap:g} ms apart")
+        store.add(ProfileKey.make(WAKE_API, resource, {}, "idle_ms", gap), list(samples), note=note)
 
 
 def wake_profile(store: Any) -> WakeProfile | None:

@@ -14,8 +14,10 @@ Steps, per scenario (docs/demo.md says why each choice):
    ``--payload-bytes`` changes its blob fetches only, so the spec filters on that api), RTTs through the proxy
    at 0 ms and with the delay (the ``(rtt)`` rows of location), and once, before the location cases, a
    wake-up profile of the app (``analyzer.wakeup``: the post page's server-side latency, from the spans, one
-   request at a time after pauses of 0-40 ms; ``--no-wake`` leaves it out), used only by the ``(wake-up)``
-   rows: the nominal delay, with the loop's longer idle gaps charged what the profile says they cost;
+   request at a time after pauses of 0-40 ms; ``--no-wake`` leaves it out): the loop's longer idle gaps are
+   charged what the profile says they cost in the nominal and ``(applied)`` rows; the ``(no wake-up)`` rows
+   predict the nominal delay without it, and the ``(rtt)`` rows too (an RTT profile measured end to end by a
+   client idle between calls holds the cold start already);
 4. predict (``analyzer.predict``) and compare with the pooled server-side latencies of the scenario runs; the
    location cases are also predicted for the delay the proxy really added in the scenario runs (its threads wake
    late on a busy machine: ``LatencyProxy.applied_delay_ms``), the ``(applied)`` rows.
@@ -24,12 +26,17 @@ Real Redis and PostgreSQL are used when they answer on 127.0.0.1 (``--embedded``
 the blob service's cache). Raw results go to ``benchmarks/results/whatif_accuracy.json``. Run::
 
     python benchmarks/whatif_accuracy.py [--requests 300] [--rounds 3] [--users 16] [--embedded] [--only load,size]
+
+Every run keeps its recordings (spans, runs, profiles) in a work directory, printed at the end;
+``--recordings DIR`` predicts again from them without measuring, so that two versions of the engine are
+compared on the same data (the machine's drift between runs is larger than most model changes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import socket
 import sys
 import tempfile
@@ -56,12 +63,13 @@ from analyzer.profiling import (
     profile_target,
 )
 from analyzer.spans import process_cpu, read_spans
-from analyzer.wakeup import WAKE_API
+from analyzer.wakeup import WAKE_API, add_wake_profile
 from replayer.groundtruth import (
     BLOB_NAME,
     Applied,
     Deployment,
     ForumSetup,
+    IDLE_MS,
     GroundTruth,
     deploy,
     measure,
@@ -161,21 +169,15 @@ def _profile_cpu(store: ProfileStore, cpu_pct: float, budget_s: float = 5.0) -> 
                 rule=StopRule(rse=0.01, min_count=500, budget_s=budget_s), note="whatif_accuracy: cpu probes")
 
 
-WAKE_LEVELS = (0.0, 5.0, 10.0, 20.0, 40.0)
-"""Pauses between requests (ms) of the wake-up profile."""
 
 
 def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: Any) -> None:
     """A wake-up profile of the app (:mod:`analyzer.wakeup`): its post page's server-side latency, one request
-    at a time, after pauses of :data:`WAKE_LEVELS`, from the spans of one collected run."""
-    got = measure_idle(setup, WAKE_LEVELS, requests=200, rounds=2, spans=work / "wake.jsonl", on_step=status)
-    for gap, samples in got.items():
-        if not samples:
-            raise AnalyzerError(f"wake-up profile: no request measured {gap:g} ms apart")
-        store.add(ProfileKey.make(WAKE_API, "forum GET /post/{id}", {}, "idle_ms", gap), samples,
-                  note="whatif_accuracy: server-side latency after a pause")
+    at a time, after pauses of :data:`IDLE_MS`, from the spans of one collected run."""
+    got = measure_idle(setup, IDLE_MS, requests=200, rounds=2, spans=work / "wake.jsonl", on_step=status)
+    add_wake_profile(store, "forum GET /post/{id}", got, note="whatif_accuracy: server-side latency after a pause")
     status("wake-up profile: post page p50 " + ", ".join(
-        f"{np.median(got[g]):.2f} ms at {g:g}" for g in WAKE_LEVELS))
+        f"{np.median(got[g]):.2f} ms at {g:g}" for g in IDLE_MS))
 
 
 class _WithoutWake:
@@ -289,7 +291,8 @@ def _write(out: Path, config: str, ns: argparse.Namespace, rows: list[dict[str, 
     out.write_text(json.dumps({
         "format": "perfcast-whatif-accuracy/1", "configuration": config, "requests_per_run": ns.requests,
         "samples": ns.samples, "rounds": ns.rounds, "cache_ttl_ms": ns.cache_ttl_ms, "elapsed_s": elapsed,
-        "python": sys.version.split()[0], "rows": rows,
+        "python": sys.version.split()[0],
+        "recordings": str(ns.recordings) if ns.recordings else None, "rows": rows,
     }, indent=1))
 
 
@@ -305,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--embedded", action="store_true", help="no Redis/PostgreSQL even when reachable")
     p.add_argument("--only", default="", help="comma-separated scenario names to run")
     p.add_argument("--no-wake", action="store_true", help="location without a wake-up profile of the app")
+    p.add_argument("--recordings", type=Path, metavar="DIR",
+                   help="predict again from a previous run's work directory (its runs and profiles) instead of "
+                        "measuring: a change to the engine judged on the same recordings, without the machine's drift")
     p.add_argument("--out", type=Path, default=RESULTS / "whatif_accuracy.json")
     ns = p.parse_args(argv)
     from rich.console import Console
@@ -320,7 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     config = ("real Redis 7 + PostgreSQL at 127.0.0.1 (behind 0 ms proxies), blob service in its own process"
               if use_real else "embedded: SQLite + the blob service's key-value cache, blob service in its own process")
     console.print(f"[bold]configuration:[/] {config}")
-    work = Path(tempfile.mkdtemp(prefix="perfcast-accuracy-"))
+    work = ns.recordings or Path(tempfile.mkdtemp(prefix="perfcast-accuracy-"))
+    again = ns.recordings is not None
+    if again and not (work / "profiles.db").is_file():
+        p.error(f"--recordings {work}: no profiles.db there (not a work directory of this benchmark)")
 
     def status(text: str) -> None:
         console.print(f"  [dim]{time.monotonic() - began:6.1f} s[/] {text}", highlight=False)
@@ -330,16 +339,20 @@ def main(argv: list[str] | None = None) -> int:
     if ns.only:
         wanted = set(ns.only.split(","))
         cases = [c for c in cases if c.name in wanted]
-    if any(c.name == "size" for c in cases):
+    if again:
+        console.print(f"[bold]recordings[/]: {work} (nothing is measured)")
+    elif any(c.name == "size" for c in cases):
         console.print(f"[bold]profiles[/]: http {BLOB_API} at {setup.payload_bytes} and {ns.size} bytes")
         _profile_sizes(setup, store, [setup.payload_bytes, ns.size], budget_s=8.0)
 
     wake = None
-    if any(c.selector for c in cases) and not ns.no_wake:
+    if again:
+        wake = None if ns.no_wake or not any(k.api == WAKE_API for k in store.keys()) else IDLE_MS
+    elif any(c.selector for c in cases) and not ns.no_wake:
         console.print("[bold]profiles[/]: wake-up of the app after pauses of "
-                      f"{', '.join(f'{g:g}' for g in WAKE_LEVELS)} ms")
+                      f"{', '.join(f'{g:g}' for g in IDLE_MS)} ms")
         _profile_wake(setup, store, work, status)
-        wake = WAKE_LEVELS
+        wake = IDLE_MS
 
     rows: list[dict[str, Any]] = []
     rng = np.random.default_rng(7)
@@ -348,21 +361,32 @@ def main(argv: list[str] | None = None) -> int:
         # minute, and a prediction should be judged on the change it predicts, not on that drift.
         case_setup = replace(setup, pin=case.pin)
         console.print(f"[bold]{case.name}[/]: {case.spec}, {ns.rounds} rounds of baseline then scenario")
-        if case.applied.cpu_pct > 0:
+        if case.applied.cpu_pct > 0 and not again:
             status(f"probing CPU work with a neighbour taking {case.applied.cpu_pct:g} % of the core")
             _profile_cpu(store, case.applied.cpu_pct)
         per_round = max(ns.requests // ns.rounds, 1)
         # Under load the collector's own CPU (3.6x the app's when it records every request) would be most of
         # what is measured: load cases predict and measure the app without it, calibrated by a light run
         calibrate = case.users > 1
-        bases, lights, truths = [], [], []
-        for k in range(ns.rounds):
-            bases.append(measure(case_setup, requests=per_round, spans=work / f"{case.name}.base{k}.jsonl",
-                                 on_step=status))
-            if calibrate:
-                lights.append(measure(case_setup, requests=per_round, on_step=status))
-            truths.append(measure(case_setup, case.applied, users=case.users, requests=per_round,
-                                  spans=None if calibrate else work / f"{case.name}.truth{k}.jsonl", on_step=status))
+        runs = work / f"{case.name}.runs.pkl"
+        if again:
+            if not runs.is_file():
+                status(f"[yellow]no recordings of {case.name} in {work}[/]")
+                continue
+            with runs.open("rb") as f:
+                bases, lights, truths = pickle.load(f)
+        else:
+            bases, lights, truths = [], [], []
+            for k in range(ns.rounds):
+                bases.append(measure(case_setup, requests=per_round, spans=work / f"{case.name}.base{k}.jsonl",
+                                     on_step=status))
+                if calibrate:
+                    lights.append(measure(case_setup, requests=per_round, on_step=status))
+                truths.append(measure(case_setup, case.applied, users=case.users, requests=per_round,
+                                      spans=None if calibrate else work / f"{case.name}.truth{k}.jsonl",
+                                      on_step=status))
+            with runs.open("wb") as f:
+                pickle.dump((bases, lights, truths), f)
         reqs = [req for b in bases for req in _window_requests(b)]
         problems: list[str] = []
         graphs = [g for g in build_graphs(reqs, problems=problems) if g.route in ROUTES]
@@ -385,15 +409,18 @@ def main(argv: list[str] | None = None) -> int:
                              f"{case.spec.split('=')[0]}=+{added:.2f}ms"))
             status(f"the proxy added {added:.2f} ms per round trip on average")
         if case.selector:
-            status("measuring the RTT through the proxy at 0 ms and with the delay")
-            _profile_rtt(case_setup, case, store)
+            if not again:
+                status("measuring the RTT through the proxy at 0 ms and with the delay")
+                _profile_rtt(case_setup, case, store)
             variants.append((replace(case, name=f"{case.name} (rtt)"), f"location:{case.selector}={case.name}"))
             if wake is not None:
-                variants.append((replace(case, name=f"{case.name} (wake-up)"), case.spec))
+                variants.append((replace(case, name=f"{case.name} (no wake-up)"), case.spec))
         predicted = []
         for variant, spec in variants:
-            # the wake-up profile only where the row says so: the other rows are as the engine predicts without it
-            profiles = store if variant.name.endswith("(wake-up)") else _WithoutWake(store)
+            # The RTT profiles, measured end to end by a client idle between calls, hold the cold start of the
+            # call and what follows it; with the wake-up profile as well, the (rtt) rows would count it twice.
+            plain = wake is None or variant.name.endswith(("(rtt)", "(no wake-up)"))
+            profiles = _WithoutWake(store) if plain else store
             try:
                 preds = (_predict_by_round(spec, bases, lights, profiles, ns.samples, rng, status) if calibrate
                          else predict(graphs, spec, profiles, ns.samples, rng))

@@ -66,6 +66,8 @@ class DemoResult:
     self_check_median: float
     """Median of |evaluated - observed| / observed over the baseline's requests."""
     outcomes: tuple[ScenarioOutcome, ...] = field(default=())
+    profiles: Path | None = None
+    """The profile store: the app's wake-up profile the location scenario was predicted with."""
 
 
 def _status(console: Console, began: float) -> Any:
@@ -155,8 +157,11 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
             model, calibration = calibrate(graphs, ROUTES, light.app_cpu_ms[0], light.client_ms, base.client_ms)
             step(calibration.describe())
             collected = False
-        step("predicting from the baseline's graphs")
-        preds = predict(model, spec, None, samples, rng)
+        store = _wake_profile(setup, out, quick, step) if applied.added_ms else None
+        step("predicting from the baseline's graphs" + (" and the wake-up profile" if store else ""))
+        preds = predict(model, spec, store, samples, rng)
+        if store is not None:
+            store.close()
         truth = measure(setup, applied, users=n_users, requests=requests, warmup_requests=warmup,
                         spans=out / f"{name}.spans.jsonl" if collected else None, on_step=step,
                         log_dir=out / "logs")
@@ -185,9 +190,31 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     measured = out / "measured.json"
     measured.write_text(json.dumps({"format": "perfcast-measured/1", "measured": measured_doc}))
     result = DemoResult(out, spans, graphs_file, predictions, measured, len(reqs), len(graphs), overall.median,
-                        tuple(outcomes))
+                        tuple(outcomes), out / "profiles.db")
     _print_files(console, result, time.monotonic() - began)
     return result
+
+
+def _wake_profile(setup: Any, out: Path, quick: bool, step: Any) -> Any:
+    """A wake-up profile of the app (:mod:`analyzer.wakeup`) in ``out/profiles.db``: a delay leaves the loop idle
+    longer before the work after each wait, and the first work after an idle spell runs slow on a VM."""
+    import numpy as np
+
+    from analyzer.profiles import ProfileStore
+    from analyzer.wakeup import add_wake_profile
+    from replayer.groundtruth import IDLE_MS, measure_idle
+
+    path = out / "profiles.db"
+    for old in (path, path.with_name(path.name + "-journal")):
+        old.unlink(missing_ok=True)
+    step(f"a wake-up profile of the app: its post page one request at a time, after pauses of "
+         f"{', '.join(f'{g:g}' for g in IDLE_MS)} ms")
+    got = measure_idle(setup, IDLE_MS, requests=20 if quick else 80, rounds=2, spans=out / "wake.jsonl",
+                       on_step=step)
+    store = ProfileStore(path)
+    add_wake_profile(store, "forum GET /post/{id}", got, note="perfcast demo: server-side latency after a pause")
+    step("wake-up profile: post page p50 " + ", ".join(f"{np.median(got[g]):.2f} ms after {g:g}" for g in IDLE_MS))
+    return store
 
 
 def _print_graphs(console: Console, graphs: list[CausalGraph], per: dict[tuple[str, int], Any]) -> None:
@@ -260,7 +287,9 @@ def _print_files(console: Console, result: DemoResult, elapsed_s: float) -> None
     console.rule(f"[bold]4. done[/] in {elapsed_s:.0f} s")
     console.print(f"files in {result.out}:", highlight=False)
     for what, path in (("spans", result.spans), ("graphs", result.graphs), ("predictions", result.predictions),
-                       ("measured", result.measured)):
+                       ("measured", result.measured), ("profiles", result.profiles)):
+        if path is None:
+            continue
         console.print(f"  {what:12s} {path}", highlight=False)
     g, p, m = result.graphs, result.predictions, result.measured
     console.print("carry on with, for example:", highlight=False)

@@ -57,6 +57,7 @@ __all__ = [
     "ForumSetup",
     "GroundTruth",
     "GroundTruthError",
+    "IDLE_MS",
     "Resource",
     "deploy",
     "measure",
@@ -508,6 +509,10 @@ def measure(
         applied_delay_ms=applied_delays,
         app_cpu_ms=tuple(1e3 * x / len(result.latencies_ms) for x in cpu_s),  # type: ignore[arg-type]
     )
+
+
+IDLE_MS = (0.0, 5.0, 10.0, 20.0, 40.0)
+"""Pauses (ms) before each request of a wake-up profile of the app (:func:`measure_idle`)."""
 
 
 def measure_idle(

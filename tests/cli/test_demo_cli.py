@@ -46,11 +46,17 @@ def test_quick_run_predicts_and_measures_location_and_load(tmp_path: Path) -> No
         assert post.measured["p50"] > 20
 
     assert result.requests == 16 and result.variants >= 1
-    for path in (result.spans, result.graphs, result.predictions, result.measured):
-        assert path.is_file() and path.parent == tmp_path / "demo"
+    for path in (result.spans, result.graphs, result.predictions, result.measured, result.profiles):
+        assert path is not None and path.is_file() and path.parent == tmp_path / "demo"
+    # the location scenario was predicted with the app's wake-up profile, measured after pauses of 0-40 ms
+    from analyzer.profiles import ProfileStore
+    from analyzer.wakeup import WAKE_API
+
+    with ProfileStore(result.profiles) as store:
+        assert sorted(k.value for k in store.keys() if k.api == WAKE_API) == [0.0, 5.0, 10.0, 20.0, 40.0]
     doc = json.loads(result.predictions.read_text())
     assert [s["name"] for s in doc["scenarios"]] == ["location:blob=+20ms", "load:4"]
 
-    for words in ("1. collect", "2. causal graphs", "self-check", "location:blob=+20ms", "load:4", "KS D",
+    for words in ("1. collect", "2. causal graphs", "self-check", "location:blob=+20ms", "wake-up profile", "load:4", "KS D",
                   "median dev", str(result.graphs), "perfcast whatif"):
         assert words in text, words
