@@ -104,9 +104,10 @@ def add_wake_profile(store: Any, resource: str, latencies: Mapping[float, Sequen
     """
     if 0.0 not in {float(g) for g in latencies}:
         raise ValueError(f"wake-up profile of {resource!r}: the gap 0 (requests back to back) is missing")
-    for gap, samples in sorted(latencies.items()):
+    for gap, samples in latencies.items():
         if not samples:
             raise ValueError(f"wake-up profile of {resource!r}: no latency measured {gap:g} ms apart")
+    for gap, samples in sorted(latencies.items()):  # checked first: nothing half stored
         store.add(ProfileKey.make(WAKE_API, resource, {}, "idle_ms", gap), list(samples), note=note)
 
 

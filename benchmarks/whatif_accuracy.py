@@ -77,6 +77,8 @@ from replayer.groundtruth import (
 )
 
 RESULTS = Path(__file__).with_name("results")
+LOAD_REQUESTS_PER_USER = 25
+"""Measured requests per user and round of a scenario with N users (at least ``--requests / --rounds``)."""
 REDIS_URL = "redis://127.0.0.1:6379/13"
 """Database 13: the page-cache keys of other forum apps on the same server (database 0) stay out of ours."""
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -382,7 +384,11 @@ def main(argv: list[str] | None = None) -> int:
                                      on_step=status))
                 if calibrate:
                     lights.append(measure(case_setup, requests=per_round, on_step=status))
-                truths.append(measure(case_setup, case.applied, users=case.users, requests=per_round,
+                # N users need a longer window than one to reach their steady state: 100 requests at 16 users
+                # last under a second, 6 per user after a warm-up of about one each
+                truths.append(measure(case_setup, case.applied, users=case.users,
+                                      requests=max(per_round, LOAD_REQUESTS_PER_USER * case.users),
+                                      warmup_requests=max(20, 4 * case.users),
                                       spans=None if calibrate else work / f"{case.name}.truth{k}.jsonl",
                                       on_step=status))
             with runs.open("wb") as f:

@@ -10,7 +10,7 @@ import pytest
 
 from analyzer.predict import predict
 from analyzer.profiles import ProfileKey, ProfileStore
-from analyzer.wakeup import WAKE_API, WakeProfile, wake_profile
+from analyzer.wakeup import WAKE_API, WakeProfile, add_wake_profile, wake_profile
 from tests.analyzer.test_predict import compute, graph, io, rng
 
 
@@ -31,6 +31,20 @@ def test_profile_reads_the_shift_of_each_gap_and_the_span_of_work(tmp_path: Path
     with ProfileStore(tmp_path / "one.db") as s:  # no reference at 0 ms: no profile
         s.add(ProfileKey.make(WAKE_API, "http://app", {}, "idle_ms", 10.0), [1.0, 2.0])
         assert wake_profile(s) is None
+
+
+def test_add_wake_profile_stores_each_gap_and_refuses_incomplete_data(tmp_path: Path) -> None:
+    with ProfileStore(tmp_path / "p.db") as s:
+        add_wake_profile(s, "forum GET /post/{id}", {0.0: [1.0] * 20, 10.0: [1.8] * 20}, note="test")
+        assert sorted((k.api, k.resource, k.param, k.value) for k in s.keys()) == [
+            (WAKE_API, "forum GET /post/{id}", "idle_ms", 0.0), (WAKE_API, "forum GET /post/{id}", "idle_ms", 10.0)]
+        p = wake_profile(s)
+        assert p is not None and p.at(10.0, 0.5) == pytest.approx(0.8)
+        with pytest.raises(ValueError, match="the gap 0"):
+            add_wake_profile(s, "x", {10.0: [1.0]})
+        with pytest.raises(ValueError, match="no latency measured 20 ms apart"):
+            add_wake_profile(s, "x", {0.0: [1.0], 20.0: []})
+        assert {k.resource for k in s.keys()} == {"forum GET /post/{id}"}  # nothing of "x" half stored
 
 
 def test_extra_interpolates_each_quantile_between_measured_gaps() -> None:
