@@ -21,7 +21,8 @@ How each change turns into node durations (``--explain`` prints it for every nod
   ``b`` the Theil-Sen slope of duration on payload (max of request and response bytes) over every recorded
   call of that api to that resource. That needs payloads that vary; otherwise a ProfileError says to profile.
 - ``interference:cpu=PCT``: a compute node gains what the store's CPU profiles say a neighbour at PCT adds
-  to its CPU time ``c_i``, drawn per sample (:mod:`analyzer.interference`); without them ``c_i`` is
+  to its CPU time ``c_i``, drawn per sample at a quantile set by the neighbour's phase when the step starts
+  (:mod:`analyzer.interference`); without them ``c_i`` is
   stretched by the fair-share :func:`~analyzer.interference.cpu_slowdown`. Its waiting part is unchanged;
   without a CPU measurement the whole segment counts as CPU.
 - timer nodes racing work (``timeout_ms`` set) take their timeout, whatever the recorded request did.
@@ -46,7 +47,7 @@ from analyzer.distribution import (
 )
 from analyzer.errors import GraphError, ProfileError, ScenarioError
 from analyzer.graph import CausalGraph, Node, NodeKind
-from analyzer.interference import cpu_slowdown, extra_ms, stretch_profile
+from analyzer.interference import cpu_slowdown, extra_ms, phase_quantiles, stretch_profile
 from analyzer.scenario import (
     Failure,
     Interference,
@@ -496,6 +497,8 @@ def node_durations(
     per_sample: dict[int, FloatArray] = {}
     cpu = [c for c in scenario.changes if isinstance(c, Interference)]
     stretch = stretch_profile(store, cpu[-1].cpu_pct) if cpu and store is not None else None
+    starts: FloatArray | None = None  # when each node starts in each recorded request, for the neighbour's phase
+    phase = rng.random(samples) if stretch is not None else None
     for j, node_id in enumerate(plan.ids):
         node = graph.node(node_id)
         notes: list[str] = []
@@ -509,12 +512,15 @@ def node_durations(
             else:
                 c = per_request[j].copy()
                 what = "whole segment (no CPU time recorded)"
-            if stretch is not None and _wakes(graph, node_id):
+            if stretch is not None and phase is not None and _wakes(graph, node_id):
+                if starts is None:
+                    starts = _start_times(plan, base)
                 row = per_request[j][idx]
-                per_sample[j] = np.maximum(row + extra_ms(stretch, c[idx], rng.random(samples)), 0.0)
+                u = phase_quantiles(starts[j][idx], phase)
+                per_sample[j] = np.maximum(row + extra_ms(stretch, c[idx], u), 0.0)
                 notes = [f"interference: the loop wakes up for this step (after an io call or a timer): {what} + "
-                         f"what a neighbour busy {p:.0%} of the time adds to a "
-                         f"wake-up and that much work, drawn from {stretch.how}"]
+                         f"what a neighbour busy {p:.0%} of the time adds to a wake-up and that much work, at "
+                         f"the quantile of the neighbour's phase when the step starts, from {stretch.how}"]
             else:
                 factor = cpu_slowdown(cpu[-1].cpu_pct)
                 per_request[j] = per_request[j] + c * (factor - 1.0)
@@ -529,6 +535,18 @@ def node_durations(
 
 
 _WAKERS = (NodeKind.IO, NodeKind.TIMER)
+
+
+def _start_times(plan: DagPlan, durations: FloatArray) -> FloatArray:
+    """``(nodes, n)``: when each node starts in each recorded request, in ms after the request's start."""
+    finish = np.empty_like(durations)
+    start = np.zeros_like(durations)
+    for j, (preds, k) in enumerate(zip(plan.preds, plan.waits_for(), strict=True)):
+        if preds:
+            rows = np.stack([finish[p] for p in preds])
+            start[j] = rows[0] if len(preds) == 1 else np.sort(rows, axis=0)[k - 1]
+        finish[j] = start[j] + durations[j]
+    return start - start[plan.start]
 
 
 def _wakes(graph: CausalGraph, node_id: str) -> bool:

@@ -260,6 +260,33 @@ class TestInterferenceProfiles:
         assert half is not None and float(np.mean(half.extra_ms)) == pytest.approx(0.4, abs=0.01)
         assert none is None
 
+    def test_steps_meet_the_neighbour_in_the_phase_of_when_they_start(self, tmp_path: Path) -> None:
+        # A step of 1 ms woken while the neighbour runs waits 2 ms more, half the time (quantiles >= 0.5)
+        from analyzer.interference import PERIOD_MS, cpu_api
+
+        def bimodal(path: Path) -> ProfileStore:
+            st = ProfileStore(path)
+            st.add(ProfileKey.make(cpu_api(1.0), "cpu://h", {}, "cpu_pct", 0.0), [1.0] * 200)
+            st.add(ProfileKey.make(cpu_api(1.0), "cpu://h", {}, "cpu_pct", 50.0), [1.0] * 100 + [3.0] * 100)
+            return st
+
+        # two steps woken at the same moment (1 ms into the request): both delayed or neither, never one alone
+        together = graph("GET /", [io("a", [1.0] * 4), compute("c1", [1.0] * 4, [1.0] * 4),
+                                   io("b", [1.0] * 4), compute("c2", [1.0] * 4, [1.0] * 4)],
+                         [("start", "a"), ("a", "c1"), ("c1", "end"), ("start", "b"), ("b", "c2"), ("c2", "end")])
+        # two steps half the neighbour's period apart (1 and 6 ms in): exactly one of them meets it
+        apart = graph("GET /", [io("a", [1.0] * 4), compute("c1", [1.0] * 4, [1.0] * 4),
+                                io("b", [PERIOD_MS / 2 - 1.0] * 4), compute("c2", [1.0] * 4, [1.0] * 4)],
+                      [("start", "a"), ("a", "c1"), ("c1", "b"), ("b", "c2"), ("c2", "end")])
+        with bimodal(tmp_path / "p.db") as st:
+            (same,) = predict([together], "interference:cpu=50", st, samples=4000, rng=rng())
+            (half,) = predict([apart], "interference:cpu=50", st, samples=4000, rng=rng())
+        # (the quantile grid's two cells at 0.5 interpolate between the modes: 0.005 ms either way)
+        assert set(np.round(same.predicted.samples_ms, 1)) == {2.0, 4.0}
+        slow = float(np.mean(same.predicted.samples_ms > 3.0))
+        assert slow == pytest.approx(0.5, abs=0.03)  # drawn independently: 0.75
+        np.testing.assert_allclose(half.predicted.samples_ms, 1.0 + 1.0 + PERIOD_MS / 2 - 1.0 + 1.0 + 2.0, atol=0.01)
+
     def test_without_cpu_profiles_the_note_says_how_to_make_them(self, tmp_path: Path) -> None:
         with ProfileStore(tmp_path / "p.db") as s:
             (p,) = predict([gather()], "interference:cpu=50", s, samples=100, rng=rng())
