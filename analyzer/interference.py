@@ -24,7 +24,7 @@ phase. Each request draws a phase ``phi`` and a step that starts ``t`` ms into t
 step on its own, as the probes measured it. Drawn independently, one or other of the example post page's three
 woken steps (within 2 ms) was delayed in most requests, where the measured median hardly moved while the tail
 grew: on the recordings of five accuracy runs the ten interference rows went from 16.9 % mean median deviation
-(KS D 0.35) to 10.8 % (0.23) with the phase.
+(KS D 0.35) to 10.6 % (0.22) with the phase.
 
 Without profiles the engine falls back to :func:`cpu_slowdown`, and says so.
 """
