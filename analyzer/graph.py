@@ -34,6 +34,7 @@ __all__ = [
     "dump_graphs",
     "evaluate",
     "load_graphs",
+    "loop_cpu_ms",
     "to_dot",
 ]
 
@@ -356,6 +357,19 @@ def evaluate(
             begin = np.partition(stacked, node.k - 1, axis=0)[node.k - 1]
         finish[node_id] = np.asarray(begin + durations.get(node_id, 0.0), dtype=np.float64)
     return finish
+
+
+def loop_cpu_ms(graphs: Iterable[CausalGraph]) -> float:
+    """CPU on the event loop the graphs' nodes record, summed over their requests: compute segments' CPU time
+    (their duration when none was recorded) and io calls' CPU on the loop (the client library's work)."""
+    total = 0.0
+    for g in graphs:
+        for node in g.nodes:
+            if node.kind is NodeKind.COMPUTE:
+                total += float(np.sum(node.cpu_ms if node.cpu_ms else node.samples_ms))
+            elif node.kind is NodeKind.IO:
+                total += float(np.sum(node.cpu_ms))
+    return total
 
 
 def load_graphs(path: str | Path) -> list[CausalGraph]:

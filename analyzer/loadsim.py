@@ -70,7 +70,7 @@ import numpy.typing as npt
 
 from analyzer.distribution import DagPlan, evaluate_plan
 from analyzer.errors import ProfileError
-from analyzer.graph import CausalGraph, Node, NodeKind
+from analyzer.graph import CausalGraph, Node, NodeKind, loop_cpu_ms
 from analyzer.scenario import Failure, Load, Scenario, Tier, applies, matches
 from analyzer.wakeup import WakeProfile, wake_profile, with_route_work
 
@@ -749,19 +749,7 @@ def background_demand(
     requests = sum(g.count for g in user_graphs)
     if requests < 1:
         raise ValueError("user_graphs hold no request")
-    return BackgroundDemand(process_cpu_ms, _traced_cpu_ms(graphs) / requests)
-
-
-def _traced_cpu_ms(graphs: Sequence[CausalGraph]) -> float:
-    """CPU the graphs' nodes record, summed over their requests: compute segments and io calls' on-loop CPU."""
-    traced = 0.0
-    for g in graphs:
-        for node in g.nodes:
-            if node.kind is NodeKind.COMPUTE:
-                traced += float(np.sum(node.cpu_ms if node.cpu_ms else node.samples_ms))
-            elif node.kind is NodeKind.IO:
-                traced += float(np.sum(node.cpu_ms))
-    return traced
+    return BackgroundDemand(process_cpu_ms, loop_cpu_ms(graphs) / requests)
 
 
 def with_background(
@@ -812,7 +800,7 @@ def background_from_spans(
     if cpu is None:
         return list(graphs), None
     users = len({r.trace_id for r in requests})
-    demand = BackgroundDemand(cpu.app_ms / users, _traced_cpu_ms(graphs) / users)
+    demand = BackgroundDemand(cpu.app_ms / users, loop_cpu_ms(graphs) / users)
     return with_background(graphs, demand), demand
 
 

@@ -46,7 +46,7 @@ from analyzer.distribution import (
     evaluate_plan,
 )
 from analyzer.errors import GraphError, ProfileError, ScenarioError
-from analyzer.graph import CausalGraph, Node, NodeKind
+from analyzer.graph import CausalGraph, Node, NodeKind, evaluate
 from analyzer.interference import cpu_slowdown, extra_ms, phase_quantiles, stretch_profile
 from analyzer.scenario import (
     Failure,
@@ -513,8 +513,9 @@ def node_durations(
                 c = per_request[j].copy()
                 what = "whole segment (no CPU time recorded)"
             if stretch is not None and phase is not None and _wakes(graph, node_id):
-                if starts is None:
-                    starts = _start_times(plan, base)
+                if starts is None:  # each node's finish in each recorded request, less its duration
+                    finish = evaluate(graph, dict(zip(plan.ids, base, strict=True)))
+                    starts = np.stack([finish[i] for i in plan.ids]) - base
                 row = per_request[j][idx]
                 u = phase_quantiles(starts[j][idx], phase)
                 per_sample[j] = np.maximum(row + extra_ms(stretch, c[idx], u), 0.0)
@@ -535,18 +536,6 @@ def node_durations(
 
 
 _WAKERS = (NodeKind.IO, NodeKind.TIMER)
-
-
-def _start_times(plan: DagPlan, durations: FloatArray) -> FloatArray:
-    """``(nodes, n)``: when each node starts in each recorded request, in ms after the request's start."""
-    finish = np.empty_like(durations)
-    start = np.zeros_like(durations)
-    for j, (preds, k) in enumerate(zip(plan.preds, plan.waits_for(), strict=True)):
-        if preds:
-            rows = np.stack([finish[p] for p in preds])
-            start[j] = rows[0] if len(preds) == 1 else np.sort(rows, axis=0)[k - 1]
-        finish[j] = start[j] + durations[j]
-    return start - start[plan.start]
 
 
 def _wakes(graph: CausalGraph, node_id: str) -> bool:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from analyzer.graph import CausalGraph, NodeKind
+from analyzer.graph import CausalGraph, loop_cpu_ms
 from analyzer.profiles import ProfileKey
 
 __all__ = ["WAKE_API", "WakeProfile", "add_wake_profile", "wake_profile", "with_route_work"]
@@ -144,14 +144,8 @@ def with_route_work(profile: WakeProfile, graphs: Sequence[CausalGraph]) -> tupl
     over the route's recorded requests. Also says where the span came from."""
     name = profile.resource
     routes = [g for g in graphs if g.route and (name == g.route or name.endswith(" " + g.route))]
-    total = count = 0.0
-    for g in routes:
-        for n in g.nodes:
-            if n.kind is NodeKind.COMPUTE:
-                total += float(np.sum(n.cpu_ms if n.cpu_ms else n.samples_ms))
-            elif n.kind is NodeKind.IO and n.cpu_ms:
-                total += float(np.sum(n.cpu_ms))
-        count += len(g.latency_ms) or g.count
+    total = loop_cpu_ms(routes)
+    count = float(sum(len(g.latency_ms) or g.count for g in routes))
     if not routes or count <= 0 or total <= 0:
         return profile, f"the first {profile.span_ms:.2g} ms of work (the profiled requests' median latency)"
     work = total / count
