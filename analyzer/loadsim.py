@@ -743,8 +743,8 @@ def background_demand(
     user_graphs
         The graphs of the routes users request (their request counts are the denominator).
     process_cpu_ms
-        The process's CPU per user request (psutil ``cpu_times`` user + system over a run, divided by the
-        requests), measured *without* the collector, so that the collector's own CPU is not counted.
+        The process's CPU per user request that holds its loop (as :func:`calibrate` takes it), measured
+        *without* the collector, so that the collector's own CPU is not counted.
     """
     requests = sum(g.count for g in user_graphs)
     if requests < 1:
@@ -855,8 +855,12 @@ def calibrate(
         scales the recorded waits (:func:`wait_scale`; the collector's cost is not proportional to a request's
         latency, a short request of few steps pays relatively less); other routes take the overall ratio.
     process_cpu_ms
-        The process's CPU per user request without the collector (user time: the GIL's demand; system time
-        runs beside it, in syscalls made without the GIL): :func:`background_demand`.
+        The CPU per user request the process's event loop is held for without the collector
+        (:func:`background_demand`): every thread's user time (the GIL's demand) and the loop thread's system
+        time (its own syscalls: the GIL is released in them, the loop is not); other threads' system time runs
+        beside the loop. ``replayer.groundtruth.loop_cpu_s`` measures it. Counting user time only, the load
+        simulation of the example app ran its loop 20-25% too fast (``benchmarks/whatif_accuracy.py``, load and
+        failure cases).
     without_ms, with_ms
         route -> latencies of the same light load without and with the collector.
     """

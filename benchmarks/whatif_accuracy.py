@@ -239,14 +239,17 @@ def _calibrated(graphs: list[Any], bases: list[GroundTruth],
                 lights: list[GroundTruth]) -> tuple[list[Any], str]:
     """The graphs calibrated to the app without the collector (:func:`analyzer.loadsim.calibrate`).
 
-    ``lights`` ran the baseline's light load without the collector: the app's user-mode CPU per request there,
-    and per route the client-side latencies without / with the collector.
+    ``lights`` ran the baseline's light load without the collector: the CPU the app's loop was held for per
+    request there (``GroundTruth.loop_cpu_ms``), and per route the client-side latencies without / with the
+    collector.
     """
     counts = [sum(len(v) for v in t.client_ms.values()) for t in lights]
-    user_ms = sum(t.app_cpu_ms[0] * n for t, n in zip(lights, counts, strict=True)) / max(sum(counts), 1)
+    # recordings made before GroundTruth.loop_cpu_ms: the app's user + system CPU (its one thread, the loop's)
+    loop = [getattr(t, "loop_cpu_ms", 0.0) or sum(t.app_cpu_ms) for t in lights]
+    loop_ms = sum(x * n for x, n in zip(loop, counts, strict=True)) / max(sum(counts), 1)
     without = {r: [x for t in lights for x in t.client_ms.get(r, ())] for r in ROUTES}
     collected = {r: [x for t in bases for x in t.client_ms.get(r, ())] for r in ROUTES}
-    out, calibration = calibrate(graphs, ROUTES, user_ms, without, collected)
+    out, calibration = calibrate(graphs, ROUTES, loop_ms, without, collected)
     return out, calibration.describe()
 
 

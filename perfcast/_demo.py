@@ -154,7 +154,7 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
         if n_users > 1:
             step("the same light load without the collector, for its CPU and latency")
             light = measure(setup, requests=requests, warmup_requests=warmup, on_step=step, log_dir=out / "logs")
-            model, calibration = calibrate(graphs, ROUTES, light.app_cpu_ms[0], light.client_ms, base.client_ms)
+            model, calibration = calibrate(graphs, ROUTES, light.loop_cpu_ms, light.client_ms, base.client_ms)
             step(calibration.describe())
             collected = False
         store = _wake_profile(setup, out, quick, step) if applied.added_ms else None

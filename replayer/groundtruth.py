@@ -158,8 +158,11 @@ class GroundTruth:
     """resource -> the delay per round trip its proxy actually added (``Applied.added_ms`` plus the proxy's
     lateness) over the run, warm-up included, for the resources given a delay."""
     app_cpu_ms: tuple[float, float] = (0.0, 0.0)
-    """(user, system) CPU the serving app replicas spent in the measured window, per measured request (psutil):
-    with the collector's spans off, the app's own demand (``analyzer.loadsim.background_demand``)."""
+    """(user, system) CPU the serving app replicas spent in the measured window, per measured request (psutil)."""
+    loop_cpu_ms: float = 0.0
+    """CPU the serving replicas' event loops were held for in the measured window, per measured request
+    (:func:`loop_cpu_s`): with the collector's spans off, the app's own demand on its loop
+    (``analyzer.loadsim.calibrate``)."""
 
     def latencies(self, route: str) -> tuple[float, ...]:
         """Server-side latencies of ``route`` when recorded, else client-side."""
@@ -175,7 +178,8 @@ class GroundTruth:
             "client_ms": {r: list(v) for r, v in self.client_ms.items()},
             "resources": dict(self.resources), "users": self.users, "throughput_rps": self.throughput_rps,
             "errors": self.errors, "error_examples": list(self.error_examples), "elapsed_s": self.elapsed_s,
-            "spans": list(self.spans), "window_ns": list(self.window_ns),
+            "spans": list(self.spans), "window_ns": list(self.window_ns), "app_cpu_ms": list(self.app_cpu_ms),
+            "loop_cpu_ms": self.loop_cpu_ms,
         }
 
 
@@ -507,7 +511,8 @@ def measure(
         resources=d.resources, users=users, throughput_rps=result.throughput_rps, errors=result.errors,
         elapsed_s=result.elapsed_s, spans=d.spans, window_ns=window, error_examples=result.error_examples,
         applied_delay_ms=applied_delays,
-        app_cpu_ms=tuple(1e3 * x / len(result.latencies_ms) for x in cpu_s),  # type: ignore[arg-type]
+        app_cpu_ms=(1e3 * cpu_s[0] / len(result.latencies_ms), 1e3 * cpu_s[1] / len(result.latencies_ms)),
+        loop_cpu_ms=1e3 * cpu_s[2] / len(result.latencies_ms),
     )
 
 
@@ -556,8 +561,8 @@ def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[st
 
 def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: int, paths: Sequence[str],
           seed: int | None, pids: Sequence[int] = (),
-          think_ms: float = 0.0) -> tuple[Any, tuple[int, int], tuple[float, float]]:
-    """(the load's result, its wall-clock window, the (user, system) CPU seconds ``pids`` spent in it)."""
+          think_ms: float = 0.0) -> tuple[Any, tuple[int, int], tuple[float, float, float]]:
+    """(the load's result, its wall-clock window, the (user, system, loop) CPU seconds ``pids`` spent in it)."""
     from examples.forum.load import run_load_subprocess
 
     try:
@@ -574,18 +579,37 @@ def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: in
         raise GroundTruthError(str(exc)) from None
     if not result.latencies_ms:
         raise GroundTruthError(f"no request succeeded: {'; '.join(result.error_examples) or 'no answer'}")
-    return result, (begin, end), (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1])
+    return result, (begin, end), (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], cpu1[2] - cpu0[2])
 
 
-def _cpu_s(pids: Sequence[int]) -> tuple[float, float]:
-    """(user, system) CPU seconds the processes ``pids`` have spent so far."""
+def _cpu_s(pids: Sequence[int]) -> tuple[float, float, float]:
+    """(user, system, :func:`loop_cpu_s`) CPU seconds the processes ``pids`` have spent so far."""
     import psutil  # type: ignore[import-untyped]
 
     user = system = 0.0
     for pid in pids:
         times = psutil.Process(pid).cpu_times()
         user, system = user + times.user, system + times.system
-    return user, system
+    return user, system, loop_cpu_s(pids)
+
+
+def loop_cpu_s(pids: Sequence[int]) -> float:
+    """CPU seconds the event loops of ``pids`` (each run by its process's main thread) have been held so far.
+
+    Every thread's user time: a thread runs Python code only while it holds the GIL, which the loop needs too.
+    The main thread's system time: the loop's own syscalls (``send``, ``recv``, ``epoll_wait``) release the GIL
+    but not the loop, which waits for them. Other threads' system time runs beside the loop (a database
+    driver's worker thread in its syscalls). psutil reads both from ``/proc``; a process's user time includes
+    that of its threads that have ended.
+    """
+    import psutil  # type: ignore[import-untyped]
+
+    total = 0.0
+    for pid in pids:
+        process = psutil.Process(pid)
+        main = next((t for t in process.threads() if t.id == pid), None)
+        total += process.cpu_times().user + (main.system_time if main is not None else 0.0)
+    return total
 
 
 def _requests(files: Sequence[str]) -> list[Any]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -14,6 +17,7 @@ from replayer.groundtruth import (
     ForumSetup,
     GroundTruthError,
     deploy,
+    loop_cpu_s,
     measure,
     measure_idle,
     route_of,
@@ -33,6 +37,44 @@ class TestRouteOf:
         assert route_of("/post/17") == "GET /post/{id}"
         assert route_of("/post/17/comments/2", "POST") == "POST /post/{id}/comments/{id}"
         assert route_of("/post/v2") == "GET /post/v2"
+
+
+_SYSCALLS = """
+import os, sys, threading, time
+def spin():  # system time: reads of /dev/zero, the GIL released in each
+    with open("/dev/zero", "rb", buffering=0) as f:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            f.read(1 << 20)
+if sys.argv[1] == "thread":
+    t = threading.Thread(target=spin)
+    t.start()
+    t.join()  # the main thread (the loop's) waits, taking no CPU
+else:
+    spin()
+print("done", flush=True)
+"""
+
+
+class TestLoopCpu:
+    @pytest.mark.parametrize("where", ["thread", "main"])
+    def test_system_time_counts_only_on_the_main_thread(self, where: str) -> None:
+        import psutil  # type: ignore[import-untyped]
+
+        proc = subprocess.Popen([sys.executable, "-c", _SYSCALLS, where], stdout=subprocess.PIPE, text=True)
+        try:
+            p = psutil.Process(proc.pid)
+            time.sleep(1.0)  # well inside the 1.5 s of reads
+            loop, times = loop_cpu_s([proc.pid]), p.cpu_times()
+        finally:
+            assert proc.stdout is not None and proc.stdout.readline() == "done\n"
+            proc.wait()
+        assert times.system > 0.2  # the reads cost mostly kernel time
+        if where == "thread":
+            assert loop < 0.5 * (times.user + times.system)  # beside the loop: not its demand
+            assert loop >= times.user - 1e-6
+        else:
+            assert loop == pytest.approx(times.user + times.system, abs=0.02)
 
 
 class TestApplied:
@@ -65,6 +107,8 @@ def test_location_is_applied_and_every_round_trip_pays_it() -> None:
     # the app's own CPU per request: some user-mode time, and far less than a request's 30 ms wall time
     user_ms, system_ms = truth.app_cpu_ms
     assert 0 < user_ms < 30.0 and system_ms >= 0
+    # the loop's share: all of the user time, the loop thread's part of the system time
+    assert user_ms - 1e-6 <= truth.loop_cpu_ms <= user_ms + system_ms + 1e-6
 
 
 def test_collected_run_gives_server_latencies_inside_the_window(tmp_path: Path) -> None:
