@@ -35,6 +35,7 @@ __all__ = [
     "Rows",
     "compile_dag",
     "evaluate_plan",
+    "ready_at",
     "prob_add",
     "prob_kth",
     "prob_max",
@@ -244,6 +245,27 @@ def _kth_smallest(rows: Sequence[FloatArray], k: int) -> FloatArray:
             np.maximum(work[i], work[i + 1], out=work[i + 1])
             work[i] = lo
     return work[k - 1]
+
+
+def ready_at(plan: DagPlan, j: int, finish: Mapping[int, FloatArray], size: int) -> FloatArray:
+    """When node ``j`` may start: its predecessors' ``finish`` rows combined as it waits for them (the latest
+    for all, the first for any, the k-th smallest for k of them), as a new ``(size,)`` row; zeros for a node
+    without predecessors. :func:`evaluate_plan` does the same in place for speed.
+    """
+    preds = plan.preds[j]
+    if not preds:
+        return np.zeros(size, dtype=np.float64)
+    rows = [finish[p] for p in preds]
+    m = plan.mode[j]
+    if m == _SINGLE:
+        return rows[0].copy()
+    if m == _ALL or m == _ANY1:
+        op = np.maximum if m == _ALL else np.minimum
+        out = op(rows[0], rows[1])
+        for r in rows[2:]:
+            op(out, r, out=out)
+        return np.asarray(out, dtype=np.float64)
+    return _kth_smallest(rows, plan.k[j])
 
 
 def evaluate_plan(

@@ -44,9 +44,10 @@ from analyzer.distribution import (
     Rows,
     compile_dag,
     evaluate_plan,
+    ready_at,
 )
 from analyzer.errors import GraphError, ProfileError, ScenarioError
-from analyzer.graph import CausalGraph, Node, NodeKind, evaluate
+from analyzer.graph import CausalGraph, Node, NodeKind
 from analyzer.interference import cpu_slowdown, extra_ms, phase_quantiles, stretch_profile
 from analyzer.scenario import (
     Failure,
@@ -497,8 +498,11 @@ def node_durations(
     per_sample: dict[int, FloatArray] = {}
     cpu = [c for c in scenario.changes if isinstance(c, Interference)]
     stretch = stretch_profile(store, cpu[-1].cpu_pct) if cpu and store is not None else None
-    starts: FloatArray | None = None  # when each node starts in each recorded request, for the neighbour's phase
     phase = rng.random(samples) if stretch is not None else None
+    # with the neighbour's phase: each node's predicted finish per sample, so far (a step the neighbour delayed
+    # pushes the steps after it into a later phase); a row goes once its successors have read it
+    finish: dict[int, FloatArray] = {}
+    left = [len(graph.dag.succ[i]) for i in plan.ids]
     for j, node_id in enumerate(plan.ids):
         node = graph.node(node_id)
         notes: list[str] = []
@@ -513,15 +517,13 @@ def node_durations(
                 c = per_request[j].copy()
                 what = "whole segment (no CPU time recorded)"
             if stretch is not None and phase is not None and _wakes(graph, node_id):
-                if starts is None:  # each node's finish in each recorded request, less its duration
-                    finish = evaluate(graph, dict(zip(plan.ids, base, strict=True)))
-                    starts = np.stack([finish[i] for i in plan.ids]) - base
                 row = per_request[j][idx]
-                u = phase_quantiles(starts[j][idx], phase)
+                u = phase_quantiles(ready_at(plan, j, finish, samples), phase)
                 per_sample[j] = np.maximum(row + extra_ms(stretch, c[idx], u), 0.0)
                 notes = [f"interference: the loop wakes up for this step (after an io call or a timer): {what} + "
                          f"what a neighbour busy {p:.0%} of the time adds to a wake-up and that much work, at "
-                         f"the quantile of the neighbour's phase when the step starts, from {stretch.how}"]
+                         f"the quantile of the neighbour's phase when the step starts (as predicted: after "
+                         f"what it added to the steps before), from {stretch.how}"]
             else:
                 factor = cpu_slowdown(cpu[-1].cpu_pct)
                 per_request[j] = per_request[j] + c * (factor - 1.0)
@@ -532,6 +534,14 @@ def node_durations(
         if notes:
             src = "profile" if j in per_sample else "model"
             sources[j] = NodeSource(node_id, node.kind.value, src, "; ".join(notes))
+        if phase is not None:
+            if left[j]:
+                took = per_sample[j] if j in per_sample else per_request[j][idx]
+                finish[j] = ready_at(plan, j, finish, samples) + took
+            for q in plan.preds[j]:
+                left[q] -= 1
+                if left[q] == 0:
+                    del finish[q]
     return NodeDurations(plan, base, per_request, per_sample, idx, tuple(sources))
 
 
