@@ -174,6 +174,28 @@ class TestApiFilter:
         assert sources["blob"].source == "profile"
         assert sources["blob"].how.startswith("size:127.0.0.1:8101[")  # --explain names the filter
         assert "]=550000B: profile http GET /blob/{id}" in sources["blob"].how
+        assert "outside the measured sizes" in sources["blob"].how  # 4 KB: no profile at today's payload
+
+    def test_a_size_shifts_todays_calls_by_the_profiles_difference(self, sized: ProfileStore) -> None:
+        # today's 4 KB measured too: the blob call keeps its recorded 2 ms plus what 550 KB adds to a 4 KB call
+        # (55 - 1 ms), rather than taking the profile's 55 ms (the app's call and the profiled one differ)
+        sized.add(ProfileKey.make("http GET /blob/{id}", BLOBS, param="size_bytes", value=4096), [1.0] * 5)
+        (p,) = predict([blob_service()], "size:127.0.0.1:8101[GET /blob/{id}]=550KB", sized, samples=1000,
+                       rng=rng())
+        assert values(p.predicted) == {2.0 + 54.0 + 1.0, 2.0 + 54.0 + 3.0}
+        how = {s.node: s.how for s in p.sources[0][1]}["blob"]
+        assert "at today's payload 4096 B" in how and "median shift +54 ms" in how
+
+    def test_the_shift_keeps_each_calls_rank(self, store: ProfileStore) -> None:
+        # a slow call stays slow: recorded 1 or 3 ms, the profile 1 or 2 ms at 4 KB and 10 or 30 at 1 MB; the
+        # call of rank u gains Q_1MB(u) - Q_4KB(u): 9 ms for the fast half, 28 for the slow one
+        for size, ms in ((4096, [1.0, 2.0] * 50), (1e6, [10.0, 30.0] * 50)):
+            store.add(ProfileKey.make("http GET /blob/{id}", BLOBS, param="size_bytes", value=size), ms)
+        g = graph("GET /", [Node("blob", NodeKind.IO, (1.0, 3.0) * 10, api="http GET /blob/{id}", resource=BLOBS,
+                                 system="http", round_trips=(1,) * 20, response_bytes=(4096,) * 20)],
+                  [("start", "blob"), ("blob", "end")])
+        (p,) = predict([g], "size:127.0.0.1:8101[GET /blob/{id}]=1MB", store, samples=2000, rng=rng())
+        assert values(p.predicted) == {10.0, 31.0}
 
     def test_without_the_filter_every_api_changes(self, sized: ProfileStore) -> None:
         # the ads have no size profile and a constant payload: the unfiltered change cannot apply to them
