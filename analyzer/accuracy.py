@@ -4,6 +4,9 @@ WebPerf (Jiang et al., SIGCOMM 2016, section 6.2) scores a predicted distributio
 the distribution of the vertical deviations ``|F1(x) - F2(x)|`` of the two CDFs and reports its maximum (the
 Kolmogorov-Smirnov D statistic), mean and median. This module computes them from samples, and reads the
 sample files ``perfcast compare`` and ``perfcast e2e`` accept.
+
+A measured ground truth is itself uncertain: :func:`repeatability` says how far a measurement taken in rounds
+is from itself, the floor under any prediction's score against it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy.typing as npt
 
 from analyzer.errors import InputFileError
 
-__all__ = ["CdfDeviation", "cdf_deviation", "cdf_deviations", "read_samples", "whatif_samples"]
+__all__ = ["CdfDeviation", "Repeatability", "cdf_deviation", "cdf_deviations", "read_samples", "repeatability", "whatif_samples"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,69 @@ def cdf_deviation(
         max=float(dev.max()), mean=float(dev.mean()), median=float(np.median(dev)),
         n_predicted=int(np.size(predicted)), n_measured=int(np.size(measured)),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Repeatability:
+    """How far the rounds of one measurement are from each other (:func:`repeatability`)."""
+
+    median: float
+    """Median over the rounds of the median deviation between the round and the other rounds pooled."""
+    ks_d: float
+    """The same for the KS D."""
+    sampling_median: float
+    """What sampling alone gives: ``median`` with the samples shuffled across the rounds (median over the
+    shuffles)."""
+    sampling_ks_d: float
+    """``ks_d`` with the samples shuffled across the rounds."""
+    rounds: int
+
+    def to_json(self) -> dict[str, float | int]:
+        return {"median": self.median, "ks_d": self.ks_d, "sampling_median": self.sampling_median,
+                "sampling_ks_d": self.sampling_ks_d, "rounds": self.rounds}
+
+
+def _round_vs_rest(rounds: Sequence[npt.NDArray[np.float64]]) -> tuple[float, float]:
+    medians, maxima = [], []
+    for i, one in enumerate(rounds):
+        d = cdf_deviation(one, np.concatenate([r for j, r in enumerate(rounds) if j != i]))
+        medians.append(d.median)
+        maxima.append(d.max)
+    return float(np.median(medians)), float(np.median(maxima))
+
+
+def repeatability(
+    rounds: Sequence[Sequence[float] | npt.NDArray[np.float64]],
+    shuffles: int = 200,
+    rng: np.random.Generator | None = None,
+) -> Repeatability:
+    """How well a measurement taken in ``rounds`` (the same configuration measured at different times)
+    reproduces itself: each round scored against the other rounds pooled, as a prediction is scored against
+    the measurement (:func:`cdf_deviation`), and the median over the rounds.
+
+    Two things make a round differ from the rest: sampling (a round holds few samples) and drift (the machine
+    is not the same from one minute to the next). The same score with the samples shuffled across the rounds,
+    sizes kept, has sampling alone; an observed score well above it is drift. A prediction scored against the
+    pooled rounds cannot be judged finer than the drift between them.
+
+    Raises ``ValueError`` for fewer than two rounds or an empty one.
+
+    Examples
+    --------
+    >>> r = repeatability([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], shuffles=10)
+    >>> (r.median, r.ks_d, r.rounds)
+    (0.0, 0.0, 2)
+    """
+    arrays = [_check(f"rounds[{i}]", r) for i, r in enumerate(rounds)]
+    if len(arrays) < 2:
+        raise ValueError("repeatability needs two rounds or more")
+    median, ks_d = _round_vs_rest(arrays)
+    gen = rng if rng is not None else np.random.default_rng(0)
+    pooled = np.concatenate(arrays)
+    cuts = np.cumsum([a.size for a in arrays])[:-1]
+    null = np.array([_round_vs_rest(np.split(gen.permutation(pooled), cuts)) for _ in range(max(shuffles, 1))])
+    return Repeatability(median=median, ks_d=ks_d, sampling_median=float(np.median(null[:, 0])),
+                         sampling_ks_d=float(np.median(null[:, 1])), rounds=len(arrays))
 
 
 # --- sample files -----------------------------------------------------------------------------------------

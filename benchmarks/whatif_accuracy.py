@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from analyzer.accuracy import cdf_deviation
+from analyzer.accuracy import Repeatability, cdf_deviation, repeatability
 from analyzer.build import build_graphs
 from analyzer.errors import AnalyzerError
 from analyzer.graph import dump_graphs
@@ -219,7 +219,8 @@ def _profile_rtt(setup: ForumSetup, case: Case, store: ProfileStore, budget_s: f
                                        note="whatif_accuracy: rtt through the proxy"))
 
 
-def _row(case: Case, route: str, pred: Any, latencies: list[float]) -> dict[str, Any]:
+def _row(case: Case, route: str, pred: Any, latencies: list[float],
+         repeat: Repeatability | None) -> dict[str, Any]:
     measured = np.asarray(latencies, dtype=np.float64)
     dev = cdf_deviation(pred.predicted.samples_ms, measured)
     return {
@@ -230,9 +231,18 @@ def _row(case: Case, route: str, pred: Any, latencies: list[float]) -> dict[str,
         "measured": {"p50": float(np.median(measured)), "p90": float(np.quantile(measured, 0.9)),
                      "p99": float(np.quantile(measured, 0.99)), "mean": float(measured.mean())},
         "median_deviation": dev.median, "mean_deviation": dev.mean, "ks_d": dev.max,
+        "repeatability": repeat.to_json() if repeat is not None else None,
         "notes": list(pred.notes),
         "measured_ms": measured.round(4).tolist(),
     }
+
+
+def _apart(repeat: dict[str, Any] | None) -> str:
+    """A row's repeatability for the table: the rounds' median deviation / KS D, sampling alone's in brackets."""
+    if not repeat:
+        return "-"
+    return (f"{repeat['median']:.1%}/{repeat['ks_d']:.2f} "
+            f"({repeat['sampling_median']:.1%}/{repeat['sampling_ks_d']:.2f})")
 
 
 def _calibrated(graphs: list[Any], bases: list[GroundTruth],
@@ -313,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--embedded", action="store_true", help="no Redis/PostgreSQL even when reachable")
     p.add_argument("--only", default="", help="comma-separated scenario names to run")
     p.add_argument("--no-wake", action="store_true", help="location without a wake-up profile of the app")
+    p.add_argument("--pin", action="store_true",
+                   help="every case (and the wake-up profile) with the app alone on the first core, as the "
+                        "interference case runs: the app never waits for a core its dependencies hold")
     p.add_argument("--recordings", type=Path, metavar="DIR",
                    help="predict again from a previous run's work directory (its runs and profiles) instead of "
                         "measuring: a change to the engine judged on the same recordings, without the machine's drift")
@@ -330,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                        app_args=("--cache-ttl-ms", str(ns.cache_ttl_ms)))
     config = ("real Redis 7 + PostgreSQL at 127.0.0.1 (behind 0 ms proxies), blob service in its own process"
               if use_real else "embedded: SQLite + the blob service's key-value cache, blob service in its own process")
+    if ns.pin:
+        config += "; the app alone on the first core (--pin)"
     console.print(f"[bold]configuration:[/] {config}")
     work = ns.recordings or Path(tempfile.mkdtemp(prefix="perfcast-accuracy-"))
     again = ns.recordings is not None
@@ -341,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
 
     store = ProfileStore(work / "profiles.db")
     cases = _cases(setup, ns.users, ns.size)
+    if ns.pin:
+        setup = replace(setup, pin=True)
+        cases = [replace(c, pin=True) for c in cases]
     if ns.only:
         wanted = set(ns.only.split(","))
         cases = [c for c in cases if c.name in wanted]
@@ -442,11 +460,17 @@ def main(argv: list[str] | None = None) -> int:
         if errors:
             status(f"[yellow]{errors} failed requests[/]: {'; '.join(truths[0].error_examples[:2])}")
         measured = _pooled(truths)
+        # how far the scenario's rounds are from each other: the floor under any prediction's score
+        repeat = {route: repeatability([t.latencies(route) for t in truths], rng=np.random.default_rng(1))
+                  for route in ROUTES if len(truths) > 1 and all(t.latencies(route) for t in truths)}
+        for route, r in repeat.items():
+            status(f"{route}: rounds apart {r.median:.1%} / {r.ks_d:.3f} (sampling alone: "
+                   f"{r.sampling_median:.1%} / {r.sampling_ks_d:.3f})")
         throughput = float(np.mean([t.throughput_rps for t in truths]))
         for variant, preds in predicted:
             for route in ROUTES:
                 if route in preds and measured.get(route):
-                    rows.append(_row(variant, route, preds[route], measured[route]))
+                    rows.append(_row(variant, route, preds[route], measured[route], repeat.get(route)))
                     rows[-1]["throughput_rps"] = throughput
         _write(ns.out, config, ns, rows, time.monotonic() - began)
         if case.users > 1 and rows:
@@ -461,14 +485,15 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(title=f"What-if accuracy, forum app ({'Redis + PostgreSQL' if use_real else 'embedded'}), "
                         f"{ns.requests} requests per run")
     for col in ("scenario", "route", "requests", "pred p50", "pred p90", "meas p50", "meas p90", "median dev",
-                "KS D"):
+                "KS D", "rounds apart"):
         table.add_column(col, justify="left" if col in ("scenario", "route") else "right")
     for r in rows:
         ok = r["median_deviation"] < 0.05 and r["ks_d"] < 0.15
         table.add_row(r["scenario"], r["route"], str(r["requests"]),
                       f"{r['predicted']['p50']:.1f}", f"{r['predicted']['p90']:.1f}",
                       f"{r['measured']['p50']:.1f}", f"{r['measured']['p90']:.1f}",
-                      f"{r['median_deviation']:.1%}", f"[{'green' if ok else 'red'}]{r['ks_d']:.3f}[/]")
+                      f"{r['median_deviation']:.1%}", f"[{'green' if ok else 'red'}]{r['ks_d']:.3f}[/]",
+                      _apart(r.get("repeatability")))
     console.print(table)
     elapsed = time.monotonic() - began
     console.print(f"total {elapsed:.0f} s; work files in {work}")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analyzer.accuracy import cdf_deviation, cdf_deviations, read_samples
+from analyzer.accuracy import cdf_deviation, cdf_deviations, read_samples, repeatability
 from analyzer.errors import InputFileError
 
 
@@ -107,3 +107,24 @@ def test_read_samples_whatif_scenarios_and_graphs(tmp_path: Path) -> None:
     assert read_samples(graphs, route="GET /").tolist() == [3.0, 4.0, 5.0]
     with pytest.raises(InputFileError, match="'GET /'"):
         read_samples(graphs, route="GET /x")
+
+
+def test_repeatability_tells_drift_from_sampling() -> None:
+    rng = np.random.default_rng(3)
+    same = [rng.normal(10.0, 1.0, 300) for _ in range(3)]
+    steady = repeatability(same, shuffles=50, rng=rng)
+    # rounds of one distribution: the observed score is what shuffling gives, and both are sampling-sized
+    assert steady.rounds == 3
+    assert abs(steady.ks_d - steady.sampling_ks_d) < 0.05
+    assert steady.sampling_ks_d < 0.15
+    drifting = repeatability([rng.normal(10.0 + 0.5 * k, 1.0, 300) for k in range(3)], shuffles=50, rng=rng)
+    # half a standard deviation per round: round 0 against rounds 1 and 2 is ~0.3 apart in KS D
+    assert drifting.ks_d > 0.25 > 2 * drifting.sampling_ks_d
+    assert drifting.median > 2 * drifting.sampling_median
+
+
+def test_repeatability_needs_two_rounds() -> None:
+    with pytest.raises(ValueError, match="two rounds"):
+        repeatability([[1.0, 2.0]])
+    with pytest.raises(ValueError, match=r"rounds\[1\]"):
+        repeatability([[1.0, 2.0], []])
