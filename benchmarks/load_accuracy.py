@@ -51,7 +51,7 @@ from analyzer.loadsim import calibrate
 from analyzer.predict import predict
 from analyzer.spans import process_cpu, process_cpu_within, read_spans
 from examples.forum.load import LoadResult, run_load_subprocess
-from replayer.groundtruth import loop_cpu_s, route_of
+from replayer.groundtruth import cpu_s, route_of
 
 RESULTS = Path(__file__).with_name("results")
 PATHS = ("/?page={n}", "/post/{n}")
@@ -109,8 +109,7 @@ def _listening(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> str:
 
 
 def _cpu_s(p: psutil.Process) -> tuple[float, float, float]:
-    t = p.cpu_times()
-    return t.user, t.system, loop_cpu_s([p.pid])
+    return cpu_s([p.pid])
 
 
 def _children_cpu_s() -> float:
@@ -197,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"baseline: {len(reqs)} requests (all routes) -> {len(graphs)} graph variants"
           f"{f'; {len(problems)} left out: {problems[0]}' if problems else ''}")
     # The loop is held for every thread's user time (the GIL) and its own thread's system time; other threads'
-    # system time (aiosqlite's worker in its syscalls) runs beside it (replayer.groundtruth.loop_cpu_s).
+    # system time (aiosqlite's worker in its syscalls) runs beside it (replayer.groundtruth.cpu_s).
     def by_route(ms: list[float], paths: list[str]) -> dict[str, list[float]]:
         return {r: [x for x, q in zip(ms, paths, strict=True) if route_of(q) == r] for r in ROUTES}
 

@@ -59,7 +59,9 @@ __all__ = [
     "GroundTruthError",
     "IDLE_MS",
     "Resource",
+    "cpu_s",
     "deploy",
+    "loop_cpu_s",
     "measure",
     "measure_idle",
     "route_of",
@@ -568,13 +570,13 @@ def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: in
     try:
         if warmup:
             run_load_subprocess(url, users=users, requests=warmup, paths=tuple(paths), seed=seed)
-        cpu0 = _cpu_s(pids)
+        cpu0 = cpu_s(pids)
         begin = time.time_ns()
         result = run_load_subprocess(url, users=users, requests=requests, duration_s=max_duration_s,
                                      paths=tuple(paths), seed=None if seed is None else seed + 1,
                                      think_ms=think_ms)
         end = time.time_ns()
-        cpu1 = _cpu_s(pids)
+        cpu1 = cpu_s(pids)
     except RuntimeError as exc:
         raise GroundTruthError(str(exc)) from None
     if not result.latencies_ms:
@@ -582,34 +584,32 @@ def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: in
     return result, (begin, end), (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], cpu1[2] - cpu0[2])
 
 
-def _cpu_s(pids: Sequence[int]) -> tuple[float, float, float]:
-    """(user, system, :func:`loop_cpu_s`) CPU seconds the processes ``pids`` have spent so far."""
-    import psutil  # type: ignore[import-untyped]
+def cpu_s(pids: Sequence[int]) -> tuple[float, float, float]:
+    """(user, system, loop) CPU seconds the processes ``pids`` have spent so far, each process read once.
 
-    user = system = 0.0
-    for pid in pids:
-        times = psutil.Process(pid).cpu_times()
-        user, system = user + times.user, system + times.system
-    return user, system, loop_cpu_s(pids)
-
-
-def loop_cpu_s(pids: Sequence[int]) -> float:
-    """CPU seconds the event loops of ``pids`` (each run by its process's main thread) have been held so far.
-
-    Every thread's user time: a thread runs Python code only while it holds the GIL, which the loop needs too.
-    The main thread's system time: the loop's own syscalls (``send``, ``recv``, ``epoll_wait``) release the GIL
-    but not the loop, which waits for them. Other threads' system time runs beside the loop (a database
-    driver's worker thread in its syscalls). psutil reads both from ``/proc``; a process's user time includes
-    that of its threads that have ended.
+    ``loop`` is what their event loops (each run by its process's main thread) have been held for. Every
+    thread's user time: a thread runs Python code only while it holds the GIL, which the loop needs too. The
+    main thread's system time: the loop's own syscalls (``send``, ``recv``, ``epoll_wait``) release the GIL but
+    not the loop, which waits for them. Other threads' system time runs beside the loop (a database driver's
+    worker thread in its syscalls). psutil reads both from ``/proc``; a process's user time includes that of
+    its threads that have ended. ``/proc`` gives no snapshot of a process and its thread together, so a clock
+    tick can fall between the two reads: the main thread's system time is capped at the process's.
     """
     import psutil  # type: ignore[import-untyped]
 
-    total = 0.0
+    user = system = loop = 0.0
     for pid in pids:
         process = psutil.Process(pid)
+        times = process.cpu_times()
         main = next((t for t in process.threads() if t.id == pid), None)
-        total += process.cpu_times().user + (main.system_time if main is not None else 0.0)
-    return total
+        user, system = user + times.user, system + times.system
+        loop += times.user + (min(main.system_time, times.system) if main is not None else 0.0)
+    return user, system, loop
+
+
+def loop_cpu_s(pids: Sequence[int]) -> float:
+    """CPU seconds the event loops of ``pids`` have been held so far (:func:`cpu_s`)."""
+    return cpu_s(pids)[2]
 
 
 def _requests(files: Sequence[str]) -> list[Any]:
