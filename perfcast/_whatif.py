@@ -173,25 +173,33 @@ def _plot(results: list[tuple[Any, list[Any]]], path: Path) -> None:
 
 @click.command("compare")
 @click.argument("predicted", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("measured", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("measured", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--route", default=None, help="The request, when a file is a whatif --json result or a graphs file.")
 @click.option("--scenario", default=None, help="The scenario, when a whatif --json result holds several.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def compare(predicted: Path, measured: Path, route: str | None, scenario: str | None, as_json: bool) -> None:
+def compare(predicted: Path, measured: tuple[Path, ...], route: str | None, scenario: str | None,
+            as_json: bool) -> None:
     """CDF deviation between predicted and measured samples: max (KS D), mean and median of |F1 - F2|.
 
     Each file holds one number per line, a JSON list, a 'perfcast whatif --json' result (with --route)
-    or a graphs file (its recorded latencies, with --route).
+    or a graphs file (its recorded latencies, with --route). Several MEASURED files are rounds of one
+    measurement: they are pooled, and how far apart they are is printed too (each round against the others,
+    and what sampling alone gives), the floor under the prediction's score.
     """
     import numpy as np
 
-    from analyzer.accuracy import cdf_deviation, read_samples
+    from analyzer.accuracy import cdf_deviation, read_samples, repeatability
 
     pred = read_samples(predicted, route, scenario)
-    meas = read_samples(measured, route, scenario)
+    rounds = [read_samples(path, route, scenario) for path in measured]
+    meas = np.concatenate(rounds)
     dev = cdf_deviation(pred, meas)
+    apart = repeatability(rounds) if len(rounds) > 1 else None
     if as_json:
-        click.echo(json.dumps(dev.to_json()))
+        doc: dict[str, object] = dict(dev.to_json())
+        if apart is not None:
+            doc["repeatability"] = apart.to_json()
+        click.echo(json.dumps(doc))
         return
     from rich.console import Console
     from rich.table import Table
@@ -199,11 +207,17 @@ def compare(predicted: Path, measured: Path, route: str | None, scenario: str | 
     table = Table(title="CDF deviation |F_predicted(x) - F_measured(x)|", title_justify="left")
     for col in ("", "n", "p50 ms", "p90 ms", "p99 ms", "mean ms"):
         table.add_column(col, justify="left" if not col else "right")
-    for name, x in (("predicted", pred), ("measured", meas)):
+    named = [("predicted", pred), ("measured", meas)]
+    if apart is not None:
+        named += [(f"  round {k + 1}", r) for k, r in enumerate(rounds)]
+    for name, x in named:
         table.add_row(name, str(x.size), *(f"{v:.3f}" for v in np.percentile(x, [50, 90, 99])), f"{x.mean():.3f}")
     console = Console(width=max(Console().width, 120))
     console.print(table)
     console.print(f"max (KS D) {dev.max:.4f}   mean {dev.mean:.4f}   median {dev.median:.4f}")
+    if apart is not None:
+        console.print(f"rounds apart (each against the others): KS D {apart.ks_d:.4f}   median {apart.median:.4f}"
+                      f"   sampling alone: KS D {apart.sampling_ks_d:.4f}   median {apart.sampling_median:.4f}")
 
 
 def _fraction(text: str) -> float:

@@ -114,6 +114,24 @@ def test_compare_prints_three_figures(tmp_path: Path) -> None:
     assert json.loads(out)["max"] == pytest.approx(0.1)
 
 
+def test_compare_pools_rounds_and_says_how_far_apart_they_are(tmp_path: Path) -> None:
+    pred, r1, r2 = tmp_path / "pred.txt", tmp_path / "r1.txt", tmp_path / "r2.txt"
+    pred.write_text("\n".join(str(x) for x in range(1, 201)))
+    r1.write_text("\n".join(str(x) for x in range(1, 101)))
+    r2.write_text("\n".join(str(x) for x in range(101, 201)))
+    code, out = run("compare", str(pred), str(r1), str(r2), "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    # pooled, the two rounds are the prediction exactly; each against the other, they do not overlap at all
+    assert doc["max"] == 0.0 and doc["n_measured"] == 200
+    assert doc["repeatability"]["ks_d"] == 1.0 and doc["repeatability"]["rounds"] == 2
+    assert doc["repeatability"]["sampling_ks_d"] < 0.3
+    code, out = run("compare", str(pred), str(r1), str(r2))
+    assert code == 0 and "round 2" in out and "rounds apart" in out and "KS D 1.0000" in out
+    code, out = run("compare", str(pred), str(r1))
+    assert code == 0 and "rounds apart" not in out
+
+
 def test_compare_bad_file_names_line(tmp_path: Path) -> None:
     a = tmp_path / "a.txt"
     a.write_text("1\n2\nx\n")
