@@ -22,7 +22,15 @@ import numpy.typing as npt
 
 from analyzer.errors import InputFileError
 
-__all__ = ["CdfDeviation", "Repeatability", "cdf_deviation", "cdf_deviations", "read_samples", "repeatability", "whatif_samples"]
+__all__ = [
+    "CdfDeviation",
+    "Repeatability",
+    "cdf_deviation",
+    "cdf_deviations",
+    "read_samples",
+    "repeatability",
+    "whatif_samples",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -247,25 +247,31 @@ def _kth_smallest(rows: Sequence[FloatArray], k: int) -> FloatArray:
     return work[k - 1]
 
 
+def _join(mode: int, k: int, rows: Sequence[FloatArray], out: FloatArray | None = None) -> FloatArray:
+    """Predecessors' finish rows (two or more) combined as a node waits for them: the latest for all, the first
+    for any (into ``out`` when given), the k-th smallest for k of them (a new row)."""
+    if mode == _ALL or mode == _ANY1:
+        op = np.maximum if mode == _ALL else np.minimum
+        out = np.empty_like(rows[0]) if out is None else out
+        op(rows[0], rows[1], out=out)
+        for r in rows[2:]:
+            op(out, r, out=out)
+        return out
+    return _kth_smallest(rows, k)
+
+
 def ready_at(plan: DagPlan, j: int, finish: Mapping[int, FloatArray], size: int) -> FloatArray:
     """When node ``j`` may start: its predecessors' ``finish`` rows combined as it waits for them (the latest
     for all, the first for any, the k-th smallest for k of them), as a new ``(size,)`` row; zeros for a node
-    without predecessors. :func:`evaluate_plan` does the same in place for speed.
+    without predecessors. :func:`evaluate_plan` does the same, reusing rows it may overwrite.
     """
     preds = plan.preds[j]
     if not preds:
         return np.zeros(size, dtype=np.float64)
     rows = [finish[p] for p in preds]
-    m = plan.mode[j]
-    if m == _SINGLE:
+    if plan.mode[j] == _SINGLE:
         return rows[0].copy()
-    if m == _ALL or m == _ANY1:
-        op = np.maximum if m == _ALL else np.minimum
-        out = op(rows[0], rows[1])
-        for r in rows[2:]:
-            op(out, r, out=out)
-        return np.asarray(out, dtype=np.float64)
-    return _kth_smallest(rows, plan.k[j])
+    return _join(plan.mode[j], plan.k[j], rows)
 
 
 def evaluate_plan(
@@ -350,16 +356,9 @@ def evaluate_plan(
                 (smp_rows if space else req_rows)[j] = row
                 owned.add((j, space))
                 continue
-            if m == _ALL or m == _ANY1:
-                op = np.maximum if m == _ALL else np.minimum
-                first = next((r for r, mine in rows if mine), None)
-                out = first if first is not None else np.empty_like(rows[0][0])
-                op(rows[0][0], rows[1][0], out=out)
-                for r, _ in rows[2:]:
-                    op(out, r, out=out)
-                row = out
-            else:
-                row = _kth_smallest([r for r, _ in rows], plan.k[j])
+            # a row this node may overwrite takes the result of an all/any wait: no allocation
+            reuse = next((r for r, mine in rows if mine), None)
+            row = _join(m, plan.k[j], [r for r, _ in rows], out=reuse)
             row += dur
         (smp_rows if space else req_rows)[j] = row
         owned.add((j, space))

@@ -108,10 +108,6 @@ def _listening(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> str:
     raise RuntimeError(f"the app did not start: {buffer.decode(errors='replace')}")
 
 
-def _cpu_s(p: psutil.Process) -> tuple[float, float, float]:
-    return cpu_s([p.pid])
-
-
 def _children_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -121,9 +117,9 @@ def _load(url: str, users: int, seconds: float, app: psutil.Process,
           seed: int) -> tuple[LoadResult, tuple[float, ...], float]:
     """(result, the app's (user, system, loop) CPU s per measured request, load client CPU in cores) of one run."""
     run_load_subprocess(url, users=users, requests=max(20, 4 * users), paths=PATHS, seed=seed)  # warm-up
-    cpu0, kids0, t0 = _cpu_s(app), _children_cpu_s(), time.monotonic()
+    cpu0, kids0, t0 = cpu_s([app.pid]), _children_cpu_s(), time.monotonic()
     result = run_load_subprocess(url, users=users, duration_s=seconds, paths=PATHS, seed=seed + 1)
-    cpu1, kids1, t1 = _cpu_s(app), _children_cpu_s(), time.monotonic()
+    cpu1, kids1, t1 = cpu_s([app.pid]), _children_cpu_s(), time.monotonic()
     n = max(len(result.latencies_ms), 1)
     per = tuple((b - a) / n for a, b in zip(cpu0, cpu1, strict=True))
     return result, per, (kids1 - kids0) / (t1 - t0)
