@@ -6,10 +6,15 @@ prediction by the vertical deviations |F1(x) - F2(x)| of the two CDFs (median, a
 Goal: median deviation < 5 % and KS D < 0.15 for every scenario (WebPerf reports medians under 7 %).
 
 Steps, per scenario (docs/demo.md says why each choice):
-1. ``--rounds`` alternations of a baseline run (the forum app under the collector, one user) and a run of the
-   scenario applied for real (proxy delay, users, CPU hog, payload, a failed replica behind a balancer; the app
-   under the collector again), ``--requests / --rounds`` measured requests each (``replayer.groundtruth``);
-2. graphs from the pooled baseline runs' measured windows;
+1. location and interference (what can be switched in a running app): one deployment of the forum app under
+   the collector, one user, where ``--blocks`` blocks of today's deployment and as many with the scenario
+   switched on (the proxy's delay, the CPU hog resumed) take turns, ``--requests / --blocks`` requests each
+   (``replayer.groundtruth.measure_paired``): the machine's drift and the deployment's own luck (cores,
+   memory) fall on both sides alike. ``--separate`` measures them as the other cases are:
+   ``--rounds`` alternations of a baseline run (the forum app under the collector, one user) and a run of the
+   scenario applied for real (users, payload, a failed replica behind a balancer; the app under the collector
+   again), each a deployment of its own, ``--requests / --rounds`` measured requests each;
+2. graphs from the pooled baseline runs' (blocks') measured windows;
 3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size (size: the app's
    ``--payload-bytes`` changes its blob fetches only, so the spec filters on that api), RTTs through the proxy
    at 0 ms and with the delay (the ``(rtt)`` rows of location), and once, before the location cases, a
@@ -25,7 +30,8 @@ Steps, per scenario (docs/demo.md says why each choice):
 Real Redis and PostgreSQL are used when they answer on 127.0.0.1 (``--embedded`` forces the app's SQLite and
 the blob service's cache). Raw results go to ``benchmarks/results/whatif_accuracy.json``. Run::
 
-    python benchmarks/whatif_accuracy.py [--requests 300] [--rounds 3] [--users 16] [--embedded] [--only load,size]
+    python benchmarks/whatif_accuracy.py [--requests 300] [--rounds 3] [--blocks 10] [--separate] [--users 16]
+                                         [--embedded] [--only load,size]
 
 Every run keeps its recordings (spans, runs, profiles) in a work directory, printed at the end;
 ``--recordings DIR`` predicts again from them without measuring, so that two versions of the engine are
@@ -35,6 +41,7 @@ compared on the same data (the machine's drift between runs is larger than most 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pickle
 import socket
@@ -52,7 +59,7 @@ from analyzer.accuracy import Repeatability, cdf_deviation, repeatability
 from analyzer.build import build_graphs
 from analyzer.errors import AnalyzerError
 from analyzer.graph import dump_graphs
-from analyzer.loadsim import background_from_spans, calibrate
+from analyzer.loadsim import background_from_spans, calibrate, with_background
 from analyzer.predict import predict
 from analyzer.profiles import RTT_API, ProfileKey, ProfileStore
 from analyzer.profiling import (
@@ -74,6 +81,7 @@ from replayer.groundtruth import (
     deploy,
     measure,
     measure_idle,
+    measure_paired,
 )
 
 RESULTS = Path(__file__).with_name("results")
@@ -130,10 +138,21 @@ def _cases(setup: ForumSetup, users: int, big: int) -> list[Case]:
     return cases
 
 
+@functools.lru_cache(maxsize=4)
+def _recorded(path: str) -> Any:
+    """A spans file read once (the blocks of a paired run all name the same file)."""
+    return read_spans(path)
+
+
 def _window_requests(truth: GroundTruth) -> list[Any]:
     """The requests of a collected run's measured window (warm-up left out)."""
-    return [r for path in truth.spans for r in read_spans(path).requests
+    return [r for path in truth.spans for r in _recorded(path).requests
             if truth.window_ns[0] <= r.start_ns and r.end_ns <= truth.window_ns[1]]
+
+
+def _pairable(case: Case) -> bool:
+    """Whether the case can be switched on and off in one running deployment (``measure_paired``)."""
+    return case.users == 1 and case.applied.payload_bytes is None and case.applied.app_replicas == 1
 
 
 def _pooled(runs: list[GroundTruth]) -> dict[str, list[float]]:
@@ -305,7 +324,8 @@ def _write(out: Path, config: str, ns: argparse.Namespace, rows: list[dict[str, 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "format": "perfcast-whatif-accuracy/1", "configuration": config, "requests_per_run": ns.requests,
-        "samples": ns.samples, "rounds": ns.rounds, "cache_ttl_ms": ns.cache_ttl_ms, "elapsed_s": elapsed,
+        "samples": ns.samples, "rounds": ns.rounds, "blocks": ns.blocks, "separate": ns.separate,
+        "cache_ttl_ms": ns.cache_ttl_ms, "elapsed_s": elapsed,
         "python": sys.version.split()[0],
         "recordings": str(ns.recordings) if ns.recordings else None, "rows": rows,
     }, indent=1))
@@ -317,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--users", type=int, default=16, help="users of the load scenario (default 16)")
     p.add_argument("--size", type=int, default=262144, help="payload bytes of the size scenario (default 256 KiB)")
     p.add_argument("--rounds", type=int, default=3, help="alternations of baseline and scenario runs (default 3)")
+    p.add_argument("--blocks", type=int, default=10,
+                   help="location and interference: pairs of blocks of today and the scenario in one deployment "
+                        "(default 10)")
+    p.add_argument("--separate", action="store_true",
+                   help="location and interference in separate deployments too (--rounds of baseline then "
+                        "scenario), as before the blocks")
     p.add_argument("--cache-ttl-ms", type=int, default=0,
                    help="the app's page cache lifetime (default 0: every index page a miss, see the docs)")
     p.add_argument("--samples", type=int, default=10_000, help="Monte Carlo samples per route")
@@ -368,14 +394,14 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold]profiles[/]: http {BLOB_API} at {setup.payload_bytes} and {ns.size} bytes")
         _profile_sizes(setup, store, [setup.payload_bytes, ns.size], budget_s=8.0)
 
-    wake = None
+    wake = False
     if again:
-        wake = None if ns.no_wake or not any(k.api == WAKE_API for k in store.keys()) else IDLE_MS
+        wake = not ns.no_wake and any(k.api == WAKE_API for k in store.keys())
     elif any(c.selector for c in cases) and not ns.no_wake:
         console.print("[bold]profiles[/]: wake-up of the app after pauses of "
                       f"{', '.join(f'{g:g}' for g in IDLE_MS)} ms")
         _profile_wake(setup, store, work, status)
-        wake = IDLE_MS
+        wake = True
 
     rows: list[dict[str, Any]] = []
     rng = np.random.default_rng(7)
@@ -383,7 +409,10 @@ def main(argv: list[str] | None = None) -> int:
         # Baseline and scenario runs alternate (B S B S ...): the machine's other load drifts from minute to
         # minute, and a prediction should be judged on the change it predicts, not on that drift.
         case_setup = replace(setup, pin=case.pin)
-        console.print(f"[bold]{case.name}[/]: {case.spec}, {ns.rounds} rounds of baseline then scenario")
+        paired = _pairable(case) and not ns.separate
+        console.print(f"[bold]{case.name}[/]: {case.spec}, " + (
+            f"{ns.blocks} pairs of blocks of today and the scenario in one deployment" if paired
+            else f"{ns.rounds} rounds of baseline then scenario"))
         if case.applied.cpu_pct > 0 and not again:
             status(f"probing CPU work with a neighbour taking {case.applied.cpu_pct:g} % of the core")
             _profile_cpu(store, case.applied.cpu_pct)
@@ -398,6 +427,12 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             with runs.open("rb") as f:
                 bases, lights, truths = pickle.load(f)
+        elif paired:
+            lights = []
+            bases, truths = measure_paired(case_setup, case.applied, requests=ns.requests, blocks=ns.blocks,
+                                           spans=work / f"{case.name}.paired.jsonl", on_step=status)
+            with runs.open("wb") as f:
+                pickle.dump((bases, lights, truths), f)
         else:
             bases, lights, truths = [], [], []
             for k in range(ns.rounds):
@@ -421,8 +456,16 @@ def main(argv: list[str] | None = None) -> int:
             graphs, calibration = _calibrated(graphs, bases, lights)
             status(f"pooled: {calibration}")
         else:
-            process = [c for b in bases for path in b.spans for c in process_cpu(read_spans(path).spans)]
-            graphs, _ = background_from_spans(graphs, reqs, process)
+            files = sorted({path for t in bases for path in t.spans})
+            process = [c for path in files for c in process_cpu(_recorded(path).spans)]
+            if set(files) & {path for t in truths for path in t.spans}:
+                # paired blocks (one spans file for both sides): the process's CPU over the whole run, divided
+                # among all its requests (both sides'), less what their spans record, is the demand per request
+                every = [req for t in bases + truths for req in _window_requests(t)]
+                _, demand = background_from_spans(build_graphs(every), every, process)
+                graphs = with_background(graphs, demand) if demand is not None else graphs
+            else:
+                graphs, _ = background_from_spans(graphs, reqs, process)
         dump_graphs(graphs, work / f"{case.name}.graphs.json", source=str(work))
         status(f"baseline: {len(reqs)} requests -> {len(graphs)} graph variants"
                f"{f' ({len(problems)} left out: {problems[0]})' if problems else ''}; predicting")
@@ -440,13 +483,13 @@ def main(argv: list[str] | None = None) -> int:
                 status("measuring the RTT through the proxy at 0 ms and with the delay")
                 _profile_rtt(case_setup, case, store)
             variants.append((replace(case, name=f"{case.name} (rtt)"), f"location:{case.selector}={case.name}"))
-            if wake is not None:
+            if wake:
                 variants.append((replace(case, name=f"{case.name} (no wake-up)"), case.spec))
         predicted = []
         for variant, spec in variants:
             # The RTT profiles, measured end to end by a client idle between calls, hold the cold start of the
             # call and what follows it; with the wake-up profile as well, the (rtt) rows would count it twice.
-            plain = wake is None or variant.name.endswith(("(rtt)", "(no wake-up)"))
+            plain = not wake or variant.name.endswith(("(rtt)", "(no wake-up)"))
             profiles = _WithoutWake(store) if plain else store
             try:
                 preds = (_predict_by_round(spec, bases, lights, profiles, ns.samples, rng, status) if calibrate

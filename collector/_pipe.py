@@ -27,9 +27,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
-from collector._export import JsonLinesSpanExporter
+from collector._export import JsonLinesSpanExporter, handing_over
 
 _HEADER = struct.Struct("!I")
+_LINE_SPANS = 512
+"""Spans per line of the converted file (the batch processor's batch size)."""
 
 
 def _context(ctx: SpanContext | None) -> tuple[int, int, int, bool] | None:
@@ -67,7 +69,11 @@ def _compact(span: ReadableSpan) -> tuple[Any, ...]:
 
 
 class PipeSpanExporter(SpanExporter):
-    """Writes each batch of spans as one pickled frame to a pipe (the launcher reads it)."""
+    """Writes each batch of spans as marshalled frames of at most :attr:`CHUNK` spans to a pipe (the launcher
+    reads them), handing the GIL over to the event loop between frames (``collector._export``)."""
+
+    CHUNK = 32
+    """Spans made compact and marshalled while holding the GIL (a few µs each)."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
@@ -75,28 +81,25 @@ class PipeSpanExporter(SpanExporter):
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if not spans:
-            return SpanExportResult.SUCCESS
-        resources = {}
-        for span in spans:
-            key = id(span.resource)
-            if key not in self._resources:
-                self._resources[key] = resources[key] = dict(span.resource.attributes)
-        compact = (resources, [_compact(s) for s in spans])
-        try:  # marshal: about twice as fast as pickle for these plain tuples
-            payload = b"M" + marshal.dumps(compact)
-        except (
-            ValueError
-        ):  # an attribute value of another type: pickle knows more types
-            payload = b"P" + pickle.dumps(compact, protocol=pickle.HIGHEST_PROTOCOL)
-        frame = _HEADER.pack(len(payload)) + payload
-        with self._lock:
-            try:
-                view = memoryview(frame)
-                while view:
-                    view = view[os.write(self._fd, view) :]
-            except OSError:
-                return SpanExportResult.FAILURE
+        for chunk in handing_over(spans, self.CHUNK):
+            resources = {}
+            for span in chunk:
+                key = id(span.resource)
+                if key not in self._resources:
+                    self._resources[key] = resources[key] = dict(span.resource.attributes)
+            compact = (resources, [_compact(s) for s in chunk])
+            try:  # marshal: about twice as fast as pickle for these plain tuples
+                payload = b"M" + marshal.dumps(compact)
+            except ValueError:  # an attribute value of another type: pickle knows more types
+                payload = b"P" + pickle.dumps(compact, protocol=pickle.HIGHEST_PROTOCOL)
+            frame = _HEADER.pack(len(payload)) + payload
+            with self._lock:
+                try:
+                    view = memoryview(frame)
+                    while view:
+                        view = view[os.write(self._fd, view) :]
+                except OSError:
+                    return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
@@ -171,9 +174,10 @@ def convert(spool_path: str, output: str) -> int:
     A truncated last frame (the program was killed while writing it) is dropped; a frame that cannot be
     decoded is reported once on stderr and skipped.
     """
-    writer = JsonLinesSpanExporter(output)
+    writer = JsonLinesSpanExporter(output, chunk=None)  # no app to share the GIL with here
     resources: dict[int, Resource] = {}
     written = failed = 0
+    pending: list[ReadableSpan] = []
     with open(spool_path, "rb") as stream:
         while True:
             header = _read_exactly(stream, _HEADER.size)
@@ -187,8 +191,11 @@ def convert(spool_path: str, output: str) -> int:
                 new_resources, raw_spans = loads(payload[1:])
                 for key, attrs in new_resources.items():
                     resources[key] = Resource(attrs)
-                writer.export([_rebuild(raw, resources) for raw in raw_spans])
+                pending += [_rebuild(raw, resources) for raw in raw_spans]
                 written += len(raw_spans)
+                if len(pending) >= _LINE_SPANS:  # the app's short frames joined into lines of a batch's size
+                    writer.export(pending)
+                    pending = []
             except Exception as exc:  # noqa: BLE001 - one bad batch must not lose the others
                 failed += 1
                 if failed == 1:
@@ -196,5 +203,6 @@ def convert(spool_path: str, output: str) -> int:
                         f"perfcast: a batch of spans could not be written: {exc!r}",
                         file=sys.stderr,
                     )
+    writer.export(pending)
     writer.shutdown()
     return written

@@ -64,6 +64,7 @@ __all__ = [
     "loop_cpu_s",
     "measure",
     "measure_idle",
+    "measure_paired",
     "route_of",
 ]
 
@@ -201,14 +202,15 @@ def route_of(path: str, method: str = "GET") -> str:
 class _Process:
     """A child in its own session, its output in a log file; :meth:`stop` ends it and its process group."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, name: str, argv: Sequence[str], log_dir: Path, env: Mapping[str, str] | None = None,
+                 pass_fds: Sequence[int] = ()) -> None:
         self.name = name
         self.log = log_dir / f"{name}.log"
         with self.log.open("wb") as log:
             try:
                 self.proc = subprocess.Popen(
                     list(argv), stdout=subprocess.PIPE, stderr=log, env=dict(env) if env is not None else None,
-                    start_new_session=True,
+                    start_new_session=True, pass_fds=tuple(pass_fds),
                 )
             except OSError as exc:
                 raise GroundTruthError(f"{name}: cannot run {argv[0]!r}: {exc.strerror}") from None
@@ -402,6 +404,20 @@ def deploy(
             if first is not None:
                 raise first
 
+        spools: list[tuple[threading.Thread, str, str]] = []
+
+        def write_spans() -> None:
+            # once the apps have exited (this runs after stop_all): their spooled spans to the spans files
+            from collector._pipe import convert
+
+            for thread, spool_path, output in spools:
+                thread.join(timeout=_STOP_TIMEOUT_S)
+                try:
+                    convert(spool_path, output)
+                finally:
+                    Path(spool_path).unlink(missing_ok=True)
+
+        stack.callback(write_spans)
         stack.callback(stop_all)
         delays = dict(applied.added_ms)
         step("starting the blob service")
@@ -432,15 +448,32 @@ def deploy(
             which = f" (replica {r + 1} of {applied.app_replicas})" if applied.app_replicas > 1 else ""
             step(f"starting the app{which}{' under the collector' if spans_files else ''}")
             env = None
+            pass_fds: tuple[int, ...] = ()
             if spans_files:
+                from collector import environment
                 from collector._launcher import child_environment
+                from collector._pipe import spool
 
                 Path(spans_files[r]).unlink(missing_ok=True)
                 env = child_environment(spans_files[r], service_name="forum",
                                         resource_names=f"{BLOB_NAME}=http://{blob_proxy.address}")
                 env["PERFCAST_QUIET"] = "1"
+                # As `perfcast collect` runs it: the app sends compact frames down a pipe and this process spools
+                # them, so that encoding OTLP JSON (8x the CPU) does not hold the app's GIL against its loop.
+                read_fd, write_fd = os.pipe()
+                env[environment.SPAN_FD] = str(write_fd)
+                pass_fds = (write_fd,)
+                spool_path = f"{spans_files[r]}.spool"
+                relay = threading.Thread(target=spool, args=(read_fd, spool_path), name=f"spool-app{r}", daemon=True)
+                relay.start()
+                spools.append((relay, spool_path, spans_files[r]))
             pin = ["taskset", "-c", ",".join(map(str, sorted(app_cpus)))] if app_cpus else []
-            app = _Process(f"app{r}", [*pin, sys.executable, "-m", "examples.forum", *app_args], logs, env)
+            try:
+                app = _Process(f"app{r}", [*pin, sys.executable, "-m", "examples.forum", *app_args], logs, env,
+                               pass_fds)
+            finally:
+                for fd in pass_fds:
+                    os.close(fd)  # the app holds the write end now: the spool ends when it exits
             processes.append(app)
             app_urls.append(app.wait_listening())
         url = app_urls[0]
@@ -503,18 +536,105 @@ def measure(
         result, window, cpu_s = _load(d.url, users, requests, max_duration_s, warmup_requests, paths, setup.seed,
                                       d.app_pids)
         applied_delays = {name: p.applied_delay_ms() for name, p in d.proxies.items() if p.delay_ms > 0}
+    return _truth(d, users, result, window, cpu_s, applied_delays, _requests(d.spans) if d.spans else [])
+
+
+def measure_paired(
+    setup: ForumSetup,
+    applied: Applied,
+    *,
+    requests: int = 300,
+    blocks: int = 10,
+    warmup_requests: int = 20,
+    max_duration_s: float = 60.0,
+    paths: Sequence[str] = APP_PATHS,
+    spans: str | os.PathLike[str],
+    log_dir: str | os.PathLike[str] | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> tuple[list[GroundTruth], list[GroundTruth]]:
+    """Today's deployment and the scenario taking turns in one deployment of the app under the collector.
+
+    ``blocks`` pairs of blocks of ``requests / blocks`` requests of one user: a block of today's deployment and
+    a block with ``applied`` switched on (the proxies' delays, the noisy neighbour resumed), in the order
+    B S, S B, B S... so that a drift that is linear in time falls on both sides alike. Both blocks of a pair
+    request the same paths. Returns (today's blocks, the scenario's blocks), one :class:`GroundTruth` each,
+    all naming the one spans file.
+
+    Why: this machine's speed drifts from minute to minute, and two deployments of the same configuration
+    differ by more than the sampling of their requests does (their processes land on other cores, other
+    memory). Separate deployments of the baseline and of the scenario charge that difference to the
+    prediction; blocks taking turns in one process share it. Only what can be switched in a running
+    deployment is paired: a delay per round trip and a CPU neighbour (``payload_bytes`` and replicas need
+    deployments of their own, :func:`measure`).
+
+    Raises
+    ------
+    ValueError
+        ``applied`` changes the payload or the replicas, or the counts are not positive.
+    GroundTruthError
+        As for :func:`measure`.
+    """
+    if applied.payload_bytes is not None or applied.app_replicas > 1:
+        raise ValueError("measure_paired switches delays and a CPU neighbour only; payload_bytes and replicas "
+                         "need deployments of their own (measure)")
+    if blocks < 1 or requests < blocks or warmup_requests < 0 or max_duration_s <= 0:
+        raise ValueError("need blocks >= 1, requests >= blocks, warmup_requests >= 0 and max_duration_s > 0")
+    step = on_step or (lambda text: None)
+    per_block = requests // blocks
+    runs: list[tuple[bool, Any, tuple[int, int], tuple[float, float, float], dict[Resource, float]]] = []
+    with deploy(setup, spans=spans, log_dir=log_dir, on_step=on_step) as d, contextlib.ExitStack() as stack:
+        delayed = [(name, d.proxies[name], ms) for name, ms in applied.added_ms]
+        hog = None
+        if applied.cpu_pct > 0:
+            hog = stack.enter_context(CpuHog(applied.cpu_pct, cpus=frozenset(_cpu_split(setup.pin)[0])))
+            time.sleep(0.5)  # its processes start (spawned interpreters) before the first pause
+            hog.pause()
+
+        def switch(on: bool) -> None:
+            for _, proxy, ms in delayed:
+                proxy.delay_ms = ms if on else 0.0
+                proxy.reset_lateness()
+            if hog is not None:
+                (hog.resume if on else hog.pause)()
+
+        for k in range(blocks):
+            for on in ((False, True) if k % 2 == 0 else (True, False)):
+                step(f"block {k + 1} of {blocks}: {'the scenario' if on else 'today'}, {per_block} requests")
+                switch(on)
+                try:
+                    result, window, cpu = _load(d.url, 1, per_block, max_duration_s,
+                                                warmup_requests if not runs else 0, paths,
+                                                None if setup.seed is None else setup.seed + k, d.app_pids)
+                    added = {name: proxy.applied_delay_ms() for name, proxy, _ in delayed} if on else {}
+                finally:
+                    switch(False)
+                runs.append((on, result, window, cpu, added))
+    recorded = _requests(d.spans)  # complete once the app has stopped
+    bases: list[GroundTruth] = []
+    truths: list[GroundTruth] = []
+    for on, result, window, cpu, added in runs:
+        (truths if on else bases).append(_truth(d, 1, result, window, cpu, added, recorded))
+    return bases, truths
+
+
+def _truth(d: Deployment, users: int, result: Any, window: tuple[int, int], cpu: tuple[float, float, float],
+           applied_delays: Mapping[Resource, float], recorded: Sequence[Any]) -> GroundTruth:
+    """A load's result as a :class:`GroundTruth`, its server-side latencies from the ``recorded`` requests."""
     client: dict[str, list[float]] = {}
     for path, ms in zip(result.paths, result.latencies_ms, strict=True):
         client.setdefault(route_of(path), []).append(ms)
-    server = _server_latencies(d.spans, window) if d.spans else {}
+    server: dict[str, list[float]] = {}
+    for req in recorded:
+        if _inside(req, window):
+            server.setdefault(req.route, []).append(req.latency_ms)
+    n = len(result.latencies_ms)
     return GroundTruth(
         server_ms={r: tuple(v) for r, v in server.items()},
         client_ms={r: tuple(v) for r, v in client.items()},
         resources=d.resources, users=users, throughput_rps=result.throughput_rps, errors=result.errors,
         elapsed_s=result.elapsed_s, spans=d.spans, window_ns=window, error_examples=result.error_examples,
-        applied_delay_ms=applied_delays,
-        app_cpu_ms=(1e3 * cpu_s[0] / len(result.latencies_ms), 1e3 * cpu_s[1] / len(result.latencies_ms)),
-        loop_cpu_ms=1e3 * cpu_s[2] / len(result.latencies_ms),
+        applied_delay_ms=dict(applied_delays), app_cpu_ms=(1e3 * cpu[0] / n, 1e3 * cpu[1] / n),
+        loop_cpu_ms=1e3 * cpu[2] / n,
     )
 
 
@@ -622,12 +742,3 @@ def _requests(files: Sequence[str]) -> list[Any]:
 
 def _inside(req: Any, window: tuple[int, int]) -> bool:
     return window[0] <= req.start_ns and req.end_ns <= window[1]
-
-
-def _server_latencies(files: Sequence[str], window: tuple[int, int]) -> dict[str, list[float]]:
-    """route -> latency of each request in ``files`` that started and ended inside ``window``."""
-    out: dict[str, list[float]] = {}
-    for req in _requests(files):
-        if _inside(req, window):
-            out.setdefault(req.route, []).append(req.latency_ms)
-    return out

@@ -11,6 +11,10 @@ Each direction of each connection has a reader thread and a releasing thread tha
 due with ``time.sleep`` (sub-millisecond precision): an event loop's timers round every wait up to the next
 millisecond (epoll's resolution), which added about 1 ms per round trip on top of the asked delay.
 
+``delay_ms`` can be changed while the proxy runs: each chunk takes the delay in force when it arrives, so a
+ground truth can switch a scenario on and off in one deployment, its connections left open (pooled database
+connections last for the app's life).
+
 What it cannot emulate: the TCP handshake with the client is answered by the local kernel, so connection
 set-up gains one added RTT only on the upstream side.
 """
@@ -95,7 +99,7 @@ class LatencyProxy:
             raise ValueError("LatencyProxy needs at least one upstream")
         if self.delay_ms < 0:
             raise ValueError(f"delay_ms must be non-negative, got {self.delay_ms}")
-        self._overshoot_s = _sleep_overshoot_s() if self.delay_ms > 0 else 0.0
+        self._overshoot_s = _sleep_overshoot_s()  # measured even at 0 ms: the delay may be switched on later
         listener = socket.create_server((self.host, self.port), backlog=256)
         listener.settimeout(0.2)
         self._listener = listener
@@ -168,10 +172,9 @@ class LatencyProxy:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._lock:
             self._sockets.update((client, server))
-        half = self.delay_ms / 2000.0
         done = threading.Barrier(2, action=lambda: self._close(client, server))
-        self._spawn(self._pump, "up", client, server, half, done)
-        self._pump(server, client, half, done)
+        self._spawn(self._pump, "up", client, server, done)
+        self._pump(server, client, done)
 
     def _close(self, *socks: socket.socket) -> None:
         with self._lock:
@@ -179,11 +182,10 @@ class LatencyProxy:
         for sock in socks:
             sock.close()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, delay_s: float, done: threading.Barrier) -> None:
-        """Copy src -> dst, releasing each chunk ``delay_s`` after it arrived (order kept)."""
-        chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
-        releaser = threading.Thread(target=self._release, args=(chunks, dst, self._overshoot_s, delay_s > 0),
-                                    daemon=True)
+    def _pump(self, src: socket.socket, dst: socket.socket, done: threading.Barrier) -> None:
+        """Copy src -> dst, releasing each chunk half the delay in force when it arrived later (order kept)."""
+        chunks: queue.SimpleQueue[tuple[float, bool, bytes]] = queue.SimpleQueue()
+        releaser = threading.Thread(target=self._release, args=(chunks, dst, self._overshoot_s), daemon=True)
         releaser.start()
         try:
             while True:
@@ -191,7 +193,8 @@ class LatencyProxy:
                     chunk = src.recv(65536)
                 except OSError:
                     chunk = b""
-                chunks.put((time.monotonic() + delay_s, chunk))
+                delay_s = self.delay_ms / 2000.0
+                chunks.put((time.monotonic() + delay_s, delay_s > 0, chunk))
                 if not chunk:
                     break
         finally:
@@ -201,10 +204,10 @@ class LatencyProxy:
             except threading.BrokenBarrierError:
                 self._close(src, dst)
 
-    def _release(self, chunks: queue.SimpleQueue[tuple[float, bytes]], dst: socket.socket, overshoot_s: float,
-                 delayed: bool) -> None:
+    def _release(self, chunks: queue.SimpleQueue[tuple[float, bool, bytes]], dst: socket.socket,
+                 overshoot_s: float) -> None:
         while True:
-            due, chunk = chunks.get()
+            due, delayed, chunk = chunks.get()
             wait = due - time.monotonic() - overshoot_s
             if wait > 0:
                 time.sleep(wait)
@@ -223,7 +226,7 @@ class LatencyProxy:
                 dst.sendall(chunk)
             except OSError:
                 # the other side is gone: drain what is queued until the reader's end-of-stream marker
-                while chunks.get()[1]:
+                while chunks.get()[2]:
                     pass
                 return
 

@@ -22,6 +22,7 @@ from replayer.groundtruth import (
     loop_cpu_s,
     measure,
     measure_idle,
+    measure_paired,
     route_of,
 )
 
@@ -139,6 +140,35 @@ def test_idle_runs_pause_between_requests_and_keep_only_their_own_requests(tmp_p
     assert elapsed >= 12 * 0.030  # but it was taken
     with pytest.raises(ValueError):
         measure_idle(ForumSetup(), [], spans=tmp_path / "none.jsonl")
+
+
+@pytest.mark.postgres
+def test_paired_blocks_take_turns_in_one_deployment_and_only_the_scenario_pays(tmp_path: Path,
+                                                                               postgres_url: str) -> None:
+    spans = tmp_path / "paired.jsonl"
+    bases, truths = measure_paired(ForumSetup(postgres_url=postgres_url, seed=8),
+                                   Applied(added_ms=(("postgres", 12.0),)), requests=8, blocks=2,
+                                   warmup_requests=2, paths=("/post/{n}",), spans=spans)
+    assert len(bases) == len(truths) == 2
+    assert all(t.spans == (str(spans),) for t in bases + truths)  # one deployment, one spans file
+    # order B S, S B: the windows alternate that way and never overlap
+    windows = sorted((t.window_ns, on) for on, ts in ((False, bases), (True, truths)) for t in ts)
+    assert [on for _, on in windows] == [False, True, True, False]
+    assert all(a[0][1] <= b[0][0] for a, b in zip(windows, windows[1:]))
+    base = [x for t in bases for x in t.server_ms["GET /post/{id}"]]
+    scenario = [x for t in truths for x in t.server_ms["GET /post/{id}"]]
+    assert len(base) == len(scenario) == 8
+    # a post page reads its post from PostgreSQL: at least one 12 ms round trip in the scenario's blocks only,
+    # on the connections the app opened before the delay was switched on
+    assert min(scenario) >= 12.0 and sorted(base)[len(base) // 2] < 12.0
+    assert all(t.applied_delay_ms["postgres"] >= 12.0 for t in truths)
+    assert all(t.applied_delay_ms == {} for t in bases)
+
+
+def test_paired_refuses_what_needs_a_deployment_of_its_own(tmp_path: Path) -> None:
+    for applied in (Applied(payload_bytes=1), Applied(app_replicas=2, failed_replicas=1)):
+        with pytest.raises(ValueError, match="deployments of their own"):
+            measure_paired(ForumSetup(), applied, spans=tmp_path / "x.jsonl")
 
 
 def test_every_process_is_stopped_even_when_the_block_raises() -> None:

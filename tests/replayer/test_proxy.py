@@ -61,6 +61,31 @@ async def test_applied_delay_is_the_delay_the_round_trips_really_gained() -> Non
     assert abs((per_trip - base) * 1000 - applied) < 1.0
 
 
+async def test_delay_switched_on_and_off_on_an_open_connection() -> None:
+    server = await _echo_server()
+    port = server.sockets[0].getsockname()[1]
+
+    async def trips(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            writer.write(b"ping\n")
+            await writer.drain()
+            await reader.readexactly(5)
+        return (time.perf_counter() - start) / n
+
+    async with LatencyProxy([Upstream("127.0.0.1", port)]) as proxy:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)  # one connection throughout
+        off = await trips(writer, reader, 10)
+        proxy.delay_ms = 15
+        on = await trips(writer, reader, 10)
+        proxy.delay_ms = 0
+        off_again = await trips(writer, reader, 10)
+        writer.close()
+    server.close()
+    assert on >= 0.015 * 0.95
+    assert off < 0.005 and off_again < 0.005
+
+
 async def test_pipelined_writes_share_one_delay() -> None:
     server = await _echo_server()
     port = server.sockets[0].getsockname()[1]
