@@ -6,13 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import collector
 from collector import environment
-from collector._pipe import convert, spool
+from collector._pipe import SpanPipe
 
 BOOTSTRAP = Path(__file__).with_name("_bootstrap")
 
@@ -62,8 +61,7 @@ def run(command: Sequence[str], env: Mapping[str, str]) -> int:
         )
     env = dict(env)
     output = env.get(environment.OUTPUT)
-    relay_thread = None
-    spool_path = ""
+    pipe = None
     pass_fds: tuple[int, ...] = ()
     if output:
         try:
@@ -74,14 +72,8 @@ def run(command: Sequence[str], env: Mapping[str, str]) -> int:
             raise collector.CollectorError(
                 f"cannot write spans to {output}: {exc.strerror}"
             ) from None
-        spool_path = output + ".spool"
-        read_fd, write_fd = os.pipe()
-        env[environment.SPAN_FD] = str(write_fd)
-        pass_fds = (write_fd,)
-        relay_thread = threading.Thread(
-            target=spool, args=(read_fd, spool_path), name="perfcast-spool", daemon=True
-        )
-        relay_thread.start()
+        pipe = SpanPipe(output)
+        pass_fds = pipe.child_env(env)
     try:
         process = subprocess.Popen(list(command), env=env, pass_fds=pass_fds)
     except OSError as exc:
@@ -89,8 +81,8 @@ def run(command: Sequence[str], env: Mapping[str, str]) -> int:
             f"cannot run {command[0]!r}: {exc.strerror}"
         ) from None
     finally:
-        for fd in pass_fds:
-            os.close(fd)  # the child holds the write end now: EOF when it exits
+        if pipe is not None:
+            pipe.started()  # the child holds the write end now: EOF when it exits
 
     def forward(signum: int, _frame: object) -> None:
         process.send_signal(signum)
@@ -100,23 +92,12 @@ def run(command: Sequence[str], env: Mapping[str, str]) -> int:
     }
     try:
         code = process.wait()
-        if relay_thread is not None:
-            relay_thread.join()
-            _convert(spool_path, output)
+        if pipe is not None:
+            pipe.finish()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 128 - code if code < 0 else code
-
-
-def _convert(spool_path: str, output: str) -> None:
-    try:
-        convert(spool_path, output)
-    finally:
-        try:
-            os.remove(spool_path)
-        except OSError:
-            pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:

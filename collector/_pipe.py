@@ -168,6 +168,43 @@ def spool(read_fd: int, spool_path: str) -> None:
             out.write(chunk)
 
 
+class SpanPipe:
+    """The parent's end of the span pipe to one instrumented child: frames spooled next to ``output`` while the
+    child runs, written to ``output`` by :meth:`finish` once it has exited (``perfcast collect``, and the
+    ground-truth harness's apps)."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+        self.spool_path = output + ".spool"
+        read_fd, self.write_fd = os.pipe()
+        self._thread = threading.Thread(target=spool, args=(read_fd, self.spool_path), name="perfcast-spool",
+                                        daemon=True)
+        self._thread.start()
+
+    def child_env(self, env: dict[str, str]) -> tuple[int, ...]:
+        """Point ``env`` at the pipe; return the fds to pass to the child (``subprocess.Popen(pass_fds=...)``)."""
+        from collector import environment
+
+        env[environment.SPAN_FD] = str(self.write_fd)
+        return (self.write_fd,)
+
+    def started(self) -> None:
+        """Close this process's copy of the write end, once the child holds it (or failed to start): the
+        spool then ends when the child exits."""
+        os.close(self.write_fd)
+
+    def finish(self, timeout_s: float | None = None) -> None:
+        """Wait for the spool's end, write the spans file, remove the spool."""
+        self._thread.join(timeout_s)
+        try:
+            convert(self.spool_path, self.output)
+        finally:
+            try:
+                os.remove(self.spool_path)
+            except OSError:
+                pass
+
+
 def convert(spool_path: str, output: str) -> int:
     """Append the spooled frames to ``output`` as OTLP JSON lines; return the number of spans written.
 

@@ -404,18 +404,12 @@ def deploy(
             if first is not None:
                 raise first
 
-        spools: list[tuple[threading.Thread, str, str]] = []
+        pipes: list[Any] = []
 
         def write_spans() -> None:
             # once the apps have exited (this runs after stop_all): their spooled spans to the spans files
-            from collector._pipe import convert
-
-            for thread, spool_path, output in spools:
-                thread.join(timeout=_STOP_TIMEOUT_S)
-                try:
-                    convert(spool_path, output)
-                finally:
-                    Path(spool_path).unlink(missing_ok=True)
+            for pipe in pipes:
+                pipe.finish(_STOP_TIMEOUT_S)
 
         stack.callback(write_spans)
         stack.callback(stop_all)
@@ -450,9 +444,8 @@ def deploy(
             env = None
             pass_fds: tuple[int, ...] = ()
             if spans_files:
-                from collector import environment
                 from collector._launcher import child_environment
-                from collector._pipe import spool
+                from collector._pipe import SpanPipe
 
                 Path(spans_files[r]).unlink(missing_ok=True)
                 env = child_environment(spans_files[r], service_name="forum",
@@ -460,20 +453,15 @@ def deploy(
                 env["PERFCAST_QUIET"] = "1"
                 # As `perfcast collect` runs it: the app sends compact frames down a pipe and this process spools
                 # them, so that encoding OTLP JSON (8x the CPU) does not hold the app's GIL against its loop.
-                read_fd, write_fd = os.pipe()
-                env[environment.SPAN_FD] = str(write_fd)
-                pass_fds = (write_fd,)
-                spool_path = f"{spans_files[r]}.spool"
-                relay = threading.Thread(target=spool, args=(read_fd, spool_path), name=f"spool-app{r}", daemon=True)
-                relay.start()
-                spools.append((relay, spool_path, spans_files[r]))
+                pipes.append(SpanPipe(spans_files[r]))
+                pass_fds = pipes[-1].child_env(env)
             pin = ["taskset", "-c", ",".join(map(str, sorted(app_cpus)))] if app_cpus else []
             try:
                 app = _Process(f"app{r}", [*pin, sys.executable, "-m", "examples.forum", *app_args], logs, env,
                                pass_fds)
             finally:
-                for fd in pass_fds:
-                    os.close(fd)  # the app holds the write end now: the spool ends when it exits
+                if pass_fds:
+                    pipes[-1].started()  # the app holds the write end now: the spool ends when it exits
             processes.append(app)
             app_urls.append(app.wait_listening())
         url = app_urls[0]
