@@ -11,7 +11,9 @@ connection pools; they are simulated (:mod:`analyzer.loadsim`).
 How each change turns into node durations (``--explain`` prints it for every node):
 
 - ``location:R=+Xms``: an io node's sample i gains ``round_trips[i] * X`` (round trips measured at
-  collection; a call that pipelines or reuses a prepared statement makes fewer, a new connection more).
+  collection; a call that pipelines or reuses a prepared statement makes fewer, a new connection more), after
+  losing its recorded wait for the loop (``queued_ms``, bounded by :func:`_answer_waited`): the answer now
+  comes after the work it waited behind.
 - ``location:R=LABEL``: each round trip gains a draw of the ``rtt`` profile ``location=LABEL``, minus the
   median of the baseline ``rtt`` profile of that resource when the store has one (the recorded call already
   paid one baseline round trip each time).
@@ -624,6 +626,55 @@ def _need_store(store: SupportsSelect | None, scenario: Scenario, what: str) -> 
     return store
 
 
+_UNCONTENDED: weakref.WeakKeyDictionary[CausalGraph, tuple[tuple[int, ...], dict[tuple[str, str], float]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _uncontended(graphs: Sequence[CausalGraph]) -> dict[tuple[str, str], float]:
+    """How soon an answer can come: the 10th percentile of the recorded durations of the io calls whose answer
+    did not wait for the loop (``queued_ms`` 0), per (resource, api) with 20 such calls or more, and per
+    (resource, ""). Memoised per list of graphs (asked once per io node)."""
+    key = tuple(map(id, graphs))
+    hit = _UNCONTENDED.get(graphs[0])
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    by: dict[tuple[str, str], list[float]] = {}
+    for graph in graphs:
+        for node in graph.nodes:
+            queued = node.extra.get("queued_ms")
+            if node.kind is not NodeKind.IO or not isinstance(queued, list) or len(queued) != len(node.samples_ms):
+                continue
+            free = [d for d, q in zip(node.samples_ms, queued, strict=True) if q <= 0.0]
+            by.setdefault((node.resource, node.api), []).extend(free)
+            by.setdefault((node.resource, ""), []).extend(free)
+    typical = {k: float(np.quantile(v, 0.1)) for k, v in by.items() if len(v) >= (1 if k[1] == "" else 20)}
+    _UNCONTENDED[graphs[0]] = (key, typical)
+    return typical
+
+
+def _typical_of(node: Node, typical: Mapping[tuple[str, str], float]) -> float | None:
+    return typical.get((node.resource, node.api), typical.get((node.resource, "")))
+
+
+def _answer_waited(graph: CausalGraph, node: Node, durations: FloatArray,
+                   typical: Mapping[tuple[str, str], float]) -> FloatArray:
+    """How long each recorded call's answer waited for the event loop, per recorded request (ms).
+
+    ``queued_ms`` (:meth:`analyzer.build._Builder._queued`: the other tasks' steps that ran back to back before
+    the call returned) bounds it from above, since the answer may have come in the middle of them; the answer
+    cannot have come sooner than a call to the same resource takes when nothing else runs
+    (the fastest tenth of those calls, :func:`_uncontended`), so what the call took beyond that bounds it too. The call's own CPU (the client
+    library's) stays. Zero without either (graphs from an older collector, no such calls).
+    """
+    queued = node.extra.get("queued_ms")
+    base = _typical_of(node, typical)
+    if base is None or not isinstance(queued, list) or len(queued) != durations.size:
+        return np.zeros_like(durations)
+    cpu = np.minimum(_array(graph, node, "cpu_ms"), durations) if len(node.cpu_ms) == durations.size else 0.0
+    room = np.minimum(durations - base, durations - cpu)
+    return np.clip(np.minimum(np.asarray(queued, dtype=np.float64), room), 0.0, None)
+
+
 def _io_node(
     j: int,
     node: Node,
@@ -693,6 +744,16 @@ def _io_node(
                              f"Theil-Sen fit on {span}")
     if drawn is not None:
         per_sample[j] = drawn
+    if locations and j not in per_sample:
+        typical = _uncontended(graphs)
+        waited = _answer_waited(graph, node, per_request[j], typical)
+        if waited.any():
+            # a farther resource answers whole round trips later, after the work that kept the loop busy when the
+            # answer was recorded: that wait is not carried over (under simulation the loop queues it anew)
+            per_request[j] = per_request[j] - waited
+            notes.append(f"without its recorded wait for the loop (queued_ms): {waited.mean():.3g} ms on average, "
+                         f"at most what it took beyond {_typical_of(node, typical) or 0.0:.3g} ms (the fastest "
+                         "tenth of the calls to its resource while nothing else ran)")
     for loc in locations:
         if not node.round_trips or len(node.round_trips) != per_request.shape[1]:
             raise ScenarioError(

@@ -97,11 +97,11 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     from analyzer.accuracy import cdf_deviation
     from analyzer.build import build_graphs
     from analyzer.graph import dump_graphs
-    from analyzer.loadsim import background_from_spans, calibrate
+    from analyzer.loadsim import background_from_spans, calibrate, with_background
     from analyzer.predict import predict
     from analyzer.selfcheck import summarize
     from analyzer.spans import process_cpu, read_spans
-    from replayer.groundtruth import BLOB_NAME, Applied, ForumSetup, measure
+    from replayer.groundtruth import BLOB_NAME, Applied, ForumSetup, GroundTruth, measure, measure_paired
 
     console = console or Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -111,19 +111,35 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     # scenario changes, a feedback the engine does not model (docs/demo.md)
     setup = ForumSetup(seed=seed, app_args=("--cache-ttl-ms", "0"))
     spans = out / "spans.jsonl"
+    location = Applied(added_ms=(("blob", 20.0),))
+    blocks = min(10, max(1, requests // 8))
     console.rule("[bold]1. collect[/]: the forum app under perfcast's collector, one user")
+    step(f"one deployment, in {blocks} pairs of blocks: today's configuration (the baseline) and step 3's "
+         "location scenario (a proxy's 20 ms delay, switched on) taking turns, so both see the same machine")
     warmup = 5 if quick else 20
-    base = measure(setup, requests=requests, warmup_requests=warmup, spans=spans, on_step=step,
-                   log_dir=out / "logs")
-    step(f"{sum(map(len, base.server_ms.values()))} requests measured, {base.throughput_rps:.1f} req/s; "
-         f"spans in {spans}")
+    # a line per block would bury the story: the blocks are said once, above
+    bases, located = measure_paired(setup, location, requests=requests, blocks=blocks, warmup_requests=warmup,
+                                    spans=spans, log_dir=out / "logs",
+                                    on_step=lambda text: None if text.startswith("block ") else step(text))
+    throughput = sum(b.throughput_rps for b in bases) / len(bases)
+    step(f"{sum(len(v) for b in bases for v in b.server_ms.values())} requests of today measured, "
+         f"{throughput:.1f} req/s; spans of both sides in {spans}")
 
-    console.rule("[bold]2. causal graphs[/]")
+    console.rule("[bold]2. causal graphs[/]: today's blocks")
     span_file = read_spans(spans)
-    reqs = [r for r in span_file.requests if base.window_ns[0] <= r.start_ns and r.end_ns <= base.window_ns[1]]
+
+    def inside(truths: list[GroundTruth]) -> list[Any]:
+        return [r for r in span_file.requests
+                if any(t.window_ns[0] <= r.start_ns and r.end_ns <= t.window_ns[1] for t in truths)]
+
+    reqs = inside(bases)
     problems: list[str] = []
     graphs = [g for g in build_graphs(reqs, problems=problems) if g.route in ROUTES]
-    graphs, background = background_from_spans(graphs, reqs, process_cpu(span_file.spans))
+    # the process's CPU over the whole run (both sides' requests), less what their spans record, per request
+    every = inside(bases + located)
+    _, background = background_from_spans(build_graphs(every), every, process_cpu(span_file.spans))
+    if background is not None:
+        graphs = with_background(graphs, background)
     for problem in problems[:3]:
         console.print(f"[yellow]left out:[/] {problem}", highlight=False)
     graphs_file = out / "graphs.json"
@@ -138,36 +154,37 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
                       "for the loop under load", highlight=False)
 
     users = 4 if quick else 16
-    cases = [
-        ("location", f"location:{BLOB_NAME}=+20ms", Applied(added_ms=(("blob", 20.0),)), 1,
-         "the blob service (blobs, cache, ads) moved 20 ms further away: a latency proxy applies it for real"),
-        ("load", f"load:{users}", Applied(), users, f"{users} concurrent users instead of 1, for the app without "
+    cases: list[tuple[str, str, int, str]] = [
+        ("location", f"location:{BLOB_NAME}=+20ms", 1,
+         "the blob service (blobs, cache, ads) moved 20 ms further away: measured in step 1's scenario blocks"),
+        ("load", f"load:{users}", users, f"{users} concurrent users instead of 1, for the app without "
          "the collector (which would cost it 3.6x its CPU under load): calibrated by one light run without it"),
     ]
     samples = 2000 if quick else 10_000
     rng = np.random.default_rng(seed)
     outcomes, whatif_doc, measured_doc = [], [], []
-    for name, spec, applied, n_users, what in cases:
+    for name, spec, n_users, what in cases:
         console.rule(f"[bold]3. what if[/] {spec}")
         console.print(f"  {what}", highlight=False)
         model, collected = graphs, True
         if n_users > 1:
             step("the same light load without the collector, for its CPU and latency")
             light = measure(setup, requests=requests, warmup_requests=warmup, on_step=step, log_dir=out / "logs")
-            model, calibration = calibrate(graphs, ROUTES, light.loop_cpu_ms, light.client_ms, base.client_ms)
+            with_collector = {r: [x for b in bases for x in b.client_ms.get(r, ())] for r in ROUTES}
+            model, calibration = calibrate(graphs, ROUTES, light.loop_cpu_ms, light.client_ms, with_collector)
             step(calibration.describe())
             collected = False
-        store = _wake_profile(setup, out, quick, step) if applied.added_ms else None
+        store = _wake_profile(setup, out, quick, step) if name == "location" else None
         step("predicting from the baseline's graphs" + (" and the wake-up profile" if store else ""))
         preds = predict(model, spec, store, samples, rng)
         if store is not None:
             store.close()
-        truth = measure(setup, applied, users=n_users, requests=requests, warmup_requests=warmup,
-                        spans=out / f"{name}.spans.jsonl" if collected else None, on_step=step,
-                        log_dir=out / "logs")
+        truths = located if name == "location" else [
+            measure(setup, Applied(), users=n_users, requests=requests, warmup_requests=warmup, on_step=step,
+                    log_dir=out / "logs")]
         rows = []
         for p in preds:
-            got = truth.latencies(p.route)
+            got = [x for t in truths for x in t.latencies(p.route)]
             if not got:
                 continue
             m = np.asarray(got, dtype=np.float64)

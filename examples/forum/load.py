@@ -187,12 +187,12 @@ async def run_load(
     rec = _Recorder(measure_from, deadline)
     budget = [math.inf if requests is None else requests]
 
-    def next_path() -> str | None:
-        """The next request's path, or None when the run is over."""
-        now = time.perf_counter()
-        if now >= deadline or budget[0] <= 0:
+    def next_path(start: float) -> str | None:
+        """The path of the next request, sent at ``start``, or None when the run is over. The request counts
+        against the budget when the recorder measures it: both decide on ``start``."""
+        if time.perf_counter() >= deadline or budget[0] <= 0:
             return None
-        if now >= rec.measure_from:
+        if start >= rec.measure_from:
             budget[0] -= 1
         return rng.choice(paths).replace("{n}", str(rng.randint(1, n_max)))
 
@@ -214,8 +214,8 @@ async def run_load(
 async def _closed_loop(session: aiohttp.ClientSession, base: str, users: int, think_s: float,
                        next_path: Any, rec: _Recorder) -> None:
     async def user() -> None:
-        while (path := next_path()) is not None:
-            await _one(session, base, path, time.perf_counter(), rec)
+        while (path := next_path(start := time.perf_counter())) is not None:
+            await _one(session, base, path, start, rec)
             if think_s > 0:
                 await asyncio.sleep(think_s)
 
@@ -234,7 +234,7 @@ async def _open_loop(session: aiohttp.ClientSession, base: str, users: int, rate
 
     async with asyncio.TaskGroup() as tg:
         arrival = time.perf_counter()
-        while (path := next_path()) is not None:
+        while (path := next_path(arrival)) is not None:
             tg.create_task(send(path, arrival))
             arrival += rng.expovariate(rate_rps)
             delay = arrival - time.perf_counter()

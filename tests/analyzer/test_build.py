@@ -66,6 +66,29 @@ def test_io_nodes_count_the_calls_in_flight_to_their_resource(tmp_path: Path) ->
     assert inflight == {"root/gather#0[0]/io0": [1], "root/gather#0[1]/io0": [2], "root/io0": [1]}
 
 
+def queued_request(busy_until: float) -> Trace:
+    """A gather: task 2 queries PostgreSQL [0.6, 2.95] while task 3 runs two steps from 0.65 (1 ms each, 0.05 apart)
+    then ends at ``busy_until``; task 2 resumes at 2.9."""
+    t = Trace("GET /q")
+    t.request(-0.1, 3.6, 1)
+    t.task(1, [(0, 0.5, "sync:10"), (3.2, 0.2, "done")], coro="fan")
+    t.task(2, [(0.55, 0.05, "io"), (2.9, 0.1, "done")], parent=1, spawn_step=0, created=0.2)
+    t.io(2, 0, 0.6, 2.95, "postgresql", "SELECT", "postgresql://127.0.0.1:5432/test")
+    t.task(3, [(0.65, 1.0, "future"), (1.7, busy_until - 1.7, "done")], parent=1, spawn_step=0, created=0.3)
+    t.sync(10, "gather", "all", [2, 3], task=1, step=0, start=0.45, end=3.05, resume_step=1)
+    return t
+
+
+def test_io_nodes_say_how_long_their_answer_waited_for_the_loop(tmp_path: Path) -> None:
+    [g] = graphs_of(tmp_path, queued_request(busy_until=2.75))
+    # task 3 ran [0.65, 1.65] and [1.7, 2.75] back to back, 0.15 ms before the call's task resumed: the answer
+    # waited for them (2.05 ms); the calling task's own steps are the call's CPU, not queueing
+    assert g.node("root/gather#0[0]/io0").extra["queued_ms"] == pytest.approx([2.05])
+    # the loop was idle for 1.2 ms before the call returned: the answer came then, after no queueing
+    [g] = graphs_of(tmp_path, queued_request(busy_until=1.75))
+    assert g.node("root/gather#0[0]/io0").extra["queued_ms"] == pytest.approx([0.0])
+
+
 def test_compute_cpu_is_pro_rated(tmp_path: Path) -> None:
     t = Trace("GET /cpu")
     t.request(0, 3, 1)

@@ -78,6 +78,26 @@ class TestBaselineAndLocation:
         assert sources["a"].source == "model" and "round trips" in sources["a"].how
         assert sources["b"].source == "baseline"
 
+    def test_an_answer_that_waited_for_the_loop_comes_later_without_that_wait(self) -> None:
+        # b's recorded 3 ms include 2 ms waiting for the loop (queued_ms); a: 1 ms of the same resource, alone
+        qa = replace(io("a", [1.0] * 100, system="postgresql", api="postgresql SELECT"),
+                     extra={"queued_ms": [0.0] * 100})
+        qb = replace(io("b", [3.0] * 100, system="postgresql", api="postgresql SELECT posts"),
+                     extra={"queued_ms": [2.0] * 100})
+        g = graph("GET /", [qa, qb], [("start", "a"), ("a", "b"), ("b", "end")])
+        (p,) = predict([g], "location:postgresql=+10ms", samples=500, rng=rng())
+        # a: 1 + 10; b: 3 - 2 + 10 (the answer, 10 ms later, no longer waits behind the work it waited for)
+        assert values(p.predicted) == {22.0}
+        assert any("queued_ms" in s.how for s in p.sources[0][1] if s.node == "b")
+        # never below the fastest tenth of the resource's calls that did not wait (a's 1 ms)
+        slow = replace(qb, extra={"queued_ms": [2.8] * 100})
+        (p,) = predict([graph("GET /", [qa, slow], [("start", "a"), ("a", "b"), ("b", "end")])],
+                       "location:postgresql=+10ms", samples=500, rng=rng())
+        assert values(p.predicted) == {22.0}
+        # a scenario that leaves the call's timing alone keeps what was recorded, its wait included
+        (p,) = predict([g], "interference:cpu=0", samples=500, rng=rng())
+        assert values(p.predicted) == {4.0}
+
     def test_round_trips_vary_per_request(self) -> None:
         g = graph("GET /", [io("a", [1.0, 1.0], trips=[1, 3])], [("start", "a"), ("a", "end")])
         (p,) = predict([g], "location:redis=+10ms", samples=1000, rng=rng())
