@@ -662,9 +662,9 @@ def _answer_waited(graph: CausalGraph, node: Node, durations: FloatArray,
 
     ``queued_ms`` (:meth:`analyzer.build._Builder._queued`: the other tasks' steps that ran back to back before
     the call returned) bounds it from above, since the answer may have come in the middle of them; the answer
-    cannot have come sooner than a call to the same resource takes when nothing else runs
-    (the fastest tenth of those calls, :func:`_uncontended`), so what the call took beyond that bounds it too. The call's own CPU (the client
-    library's) stays. Zero without either (graphs from an older collector, no such calls).
+    cannot have come sooner than a call to the same resource takes when nothing else runs (the fastest tenth
+    of those calls, :func:`_uncontended`), so what the call took beyond that bounds it too. The call's own CPU
+    (the client library's) stays. Zero without either (graphs from an older collector, no such calls).
     """
     queued = node.extra.get("queued_ms")
     base = _typical_of(node, typical)

@@ -82,6 +82,7 @@ from replayer.groundtruth import (
     measure,
     measure_idle,
     measure_paired,
+    measured_requests,
 )
 
 RESULTS = Path(__file__).with_name("results")
@@ -146,8 +147,7 @@ def _recorded(path: str) -> Any:
 
 def _window_requests(truth: GroundTruth) -> list[Any]:
     """The requests of a collected run's measured window (warm-up left out)."""
-    return [r for path in truth.spans for r in _recorded(path).requests
-            if truth.window_ns[0] <= r.start_ns and r.end_ns <= truth.window_ns[1]]
+    return [r for path in truth.spans for r in measured_requests(_recorded(path).requests, [truth])]
 
 
 def _pairable(case: Case) -> bool:

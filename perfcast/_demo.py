@@ -101,7 +101,7 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     from analyzer.predict import predict
     from analyzer.selfcheck import summarize
     from analyzer.spans import process_cpu, read_spans
-    from replayer.groundtruth import BLOB_NAME, Applied, ForumSetup, GroundTruth, measure, measure_paired
+    from replayer.groundtruth import BLOB_NAME, Applied, ForumSetup, measure, measure_paired, measured_requests
 
     console = console or Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -127,16 +127,11 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
 
     console.rule("[bold]2. causal graphs[/]: today's blocks")
     span_file = read_spans(spans)
-
-    def inside(truths: list[GroundTruth]) -> list[Any]:
-        return [r for r in span_file.requests
-                if any(t.window_ns[0] <= r.start_ns and r.end_ns <= t.window_ns[1] for t in truths)]
-
-    reqs = inside(bases)
+    reqs = measured_requests(span_file.requests, bases)
     problems: list[str] = []
     graphs = [g for g in build_graphs(reqs, problems=problems) if g.route in ROUTES]
     # the process's CPU over the whole run (both sides' requests), less what their spans record, per request
-    every = inside(bases + located)
+    every = measured_requests(span_file.requests, bases + located)
     _, background = background_from_spans(build_graphs(every), every, process_cpu(span_file.spans))
     if background is not None:
         graphs = with_background(graphs, background)

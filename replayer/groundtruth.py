@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,7 @@ __all__ = [
     "measure",
     "measure_idle",
     "measure_paired",
+    "measured_requests",
     "route_of",
 ]
 
@@ -730,3 +731,9 @@ def _requests(files: Sequence[str]) -> list[Any]:
 
 def _inside(req: Any, window: tuple[int, int]) -> bool:
     return window[0] <= req.start_ns and req.end_ns <= window[1]
+
+
+def measured_requests(requests: Iterable[Any], truths: Sequence[GroundTruth]) -> list[Any]:
+    """The ``requests`` (``analyzer.spans.Request``) handled inside the measured window of one of ``truths``:
+    the warm-ups, and the blocks of the other side of a paired run, left out."""
+    return [r for r in requests if any(_inside(r, t.window_ns) for t in truths)]

@@ -23,6 +23,7 @@ from replayer.groundtruth import (
     measure,
     measure_idle,
     measure_paired,
+    measured_requests,
     route_of,
 )
 
@@ -161,6 +162,13 @@ def test_paired_blocks_take_turns_in_one_deployment_and_only_the_scenario_pays(t
     base = [x for t in bases for x in t.server_ms["GET /post/{id}"]]
     scenario = [x for t in truths for x in t.server_ms["GET /post/{id}"]]
     assert len(base) == len(scenario) == 8
+    # the spans file holds both sides and the warm-up; each side's windows pick out its own requests
+    from analyzer.spans import read_spans
+
+    recorded = read_spans(spans).requests
+    assert len(recorded) > 16
+    assert sorted(r.latency_ms for r in measured_requests(recorded, bases)) == sorted(base)
+    assert sorted(r.latency_ms for r in measured_requests(recorded, truths)) == sorted(scenario)
     # a post page reads its post from PostgreSQL: at least one 12 ms round trip in the scenario's blocks only,
     # on the connections the app opened before the delay was switched on
     assert min(scenario) >= 12.0 and sorted(base)[len(base) // 2] < 12.0
