@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from analyzer.errors import GraphError, GraphFileError
 
 __all__ = [
     "FORMAT",
+    "PER_REQUEST_EXTRAS",
     "CausalGraph",
     "Node",
     "NodeKind",
@@ -40,6 +42,13 @@ __all__ = [
 
 FORMAT = "perfcast-graphs/1"
 """The ``format`` tag of a graphs file."""
+
+
+PER_REQUEST_EXTRAS: tuple[str, ...] = ("ready_ms", "wait_ms", "queued_ms", "cpu_before_ms", "inflight")
+"""Extra node fields the builder writes with one value per request, aligned with ``samples_ms``: a compute
+node's wait for the loop before its task first ran and the waits folded into it, an io call's wait behind its
+request's other work at its end, the part of its CPU before the wait, and the calls of its request in flight
+to its resource."""
 
 
 class NodeKind(enum.StrEnum):
@@ -271,6 +280,10 @@ class CausalGraph:
                 raise GraphError(
                     f"graph {self.route!r}: node {node.id!r} has {len(node.samples_ms)} samples for {n} requests"
                 )
+            for name in PER_REQUEST_EXTRAS:
+                if name in node.extra:
+                    _check_per_request(node.extra[name], len(node.samples_ms) or n,
+                                       f"graph {self.route!r}: node {node.id!r} field {name!r}")
 
     def durations(self) -> dict[str, npt.NDArray[np.float64]]:
         """Each node's observed durations as arrays aligned by request (zeros where a node has none)."""
@@ -325,6 +338,17 @@ class CausalGraph:
         )
         graph.validate()
         return graph
+
+
+def _check_per_request(value: Any, n: int, where: str) -> None:
+    """A per-request extra: a list of ``n`` finite numbers >= 0, else :class:`GraphError` saying what it is."""
+    if not isinstance(value, list):
+        raise GraphError(f"{where} must be a list of numbers, one per request, got {type(value).__name__}")
+    if len(value) != n:
+        raise GraphError(f"{where} has {len(value)} values for {n} requests")
+    for i, x in enumerate(value):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+            raise GraphError(f"{where}: value #{i} is {x!r}, expected a finite number >= 0")
 
 
 def evaluate(

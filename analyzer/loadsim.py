@@ -71,15 +71,15 @@ import numpy.typing as npt
 from analyzer.distribution import DagPlan, evaluate_plan
 from analyzer.errors import ProfileError
 from analyzer.graph import CausalGraph, Node, NodeKind, loop_cpu_ms
-from analyzer.scenario import Failure, Load, Scenario, Tier, applies, matches
+from analyzer.scenario import Failure, Load, Scenario, Tier, applies, matches, route_matches
 from analyzer.wakeup import WakeProfile, wake_profile, with_route_work
 
 if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
 __all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "WAIT_SCALE_KEY", "BackgroundDemand", "Calibration", "Workload",
-           "background_demand", "background_from_spans", "calibrate",
-           "simulate", "simulate_scenario", "wait_scale", "with_background"]
+           "background_demand", "background_from_spans", "calibrate", "fit_wait_scale",
+           "simulate", "simulate_scenario", "with_background"]
 
 FloatArray = npt.NDArray[np.float64]
 Adjust = Callable[[int, int, int, int], float]
@@ -123,7 +123,18 @@ class Workload:
     holds: tuple[int, ...] = ()
     """Per node: -1, or the pooled io node whose connection this node still holds, returned when it ends (the
     calling task's next step: a pool takes the connection back in the code that runs after the answer)."""
+    threaded: tuple[bool, ...] = ()
+    """Per node: an io call served by a thread of the app's own process (aiosqlite runs each connection on
+    one), which needs the GIL to take the job and again to hand the answer back (:data:`THREAD_SYSTEMS`)."""
 
+
+THREAD_SYSTEMS = frozenset({"sqlite"})
+"""io systems whose asyncio clients serve each call on a thread of the app's process: aiosqlite runs every
+connection's queries on a thread of its own."""
+
+GIL_SWITCH_MS = 5.0
+"""CPython's switch interval (``sys.getswitchinterval()``): a thread waiting for the GIL asks its holder to
+drop it after this long."""
 
 _MAX_DEPTH = 4
 """Nested requests deeper than this are plain calls (a route that calls itself would not end otherwise)."""
@@ -143,6 +154,7 @@ def simulate(
     routes: Sequence[tuple[Sequence[int], Sequence[float]]] = (),
     servers: int = 1,
     wake: Wake | None = None,
+    gil_switch_ms: float = GIL_SWITCH_MS,
 ) -> list[FloatArray]:
     """Latencies of ``completions`` user requests of ``users`` closed-loop users, per workload.
 
@@ -152,6 +164,12 @@ def simulate(
     (event loops). ``wake`` is told the loop's idle gap before each piece of work that ends one and returns what
     the gap adds to it (:mod:`analyzer.wakeup`). Latencies of nested requests are reported with their workload
     too.
+
+    A ``threaded`` call's thread waits for the GIL when it takes the job and when it hands the answer back:
+    while the loop's thread works, until the loop has no more queued work (it then blocks in ``epoll_wait`` and
+    drops the GIL), at most ``gil_switch_ms`` (the holder is then asked to drop it). Measured on the example app
+    at 16 users without the collector, aiosqlite's take-up went from 0.15 to 1.0 ms and its run from 0.18 to
+    0.92 ms, against one user.
     """
     if users < 1:
         raise ValueError("users must be >= 1")
@@ -269,7 +287,15 @@ def simulate(
         if g >= 0 and adjust is not None:
             level = math.ceil(inflight[g] * scale[g] - 1e-9)
             d = max(d + adjust(k, j, req_col[r], level), 0.0)
+        if w.threaded and w.threaded[j]:
+            # the thread takes the job once it holds the GIL; phase 6 when its work is done
+            push(max(t + gil_wait(r, t) + max(d - before - after, 0.0), floor), r, j, 6)
+            return
         end_wait(r, j, max(t + max(d - before - after, 0.0), floor))
+
+    def gil_wait(r: int, t: float) -> float:
+        """How long a thread of the process waits at ``t`` for the GIL the loop's thread holds."""
+        return min(max(loop_free[req_server[r]] - t, 0.0), gil_switch_ms)
 
     def end_wait(r: int, j: int, t: float) -> None:
         """The call's answer arrived at ``t``: its CPU after the wait holds the loop, then the call ends."""
@@ -302,6 +328,9 @@ def simulate(
             continue
         k = req_kind[r]
         w = workloads[k]
+        if phase == 6:  # a threaded call's work is done: its thread hands the answer back under the GIL
+            end_wait(r, j, t + gil_wait(r, t))
+            continue
         if phase == 3:  # the call's CPU before its wait was served
             wait_io(r, j, t, float(w.durations[j, req_col[r]]))
             continue
@@ -483,6 +512,10 @@ def _simulate_once(
     notes.append(f"load: {load.users} closed-loop users over {alive_fronts} front end(s) -> {users} per event loop"
                  f"{f', think {load.think_ms:g} ms' if load.think_ms else ''}; compute nodes share one FIFO loop")
 
+    if load.mix:
+        total = sum(w for _, w in load.mix)
+        notes.append("mix: users request " + ", ".join(f"{route} {w / total:.0%}" for route, w in load.mix)
+                     + " (the scenario's shares, not the recorded ones)")
     pool_names = [name for name, _ in load.pools]
     notes += [f"pool {name}: at most {limit} calls in flight per front end" for name, limit in load.pools]
     backend = [f for f in failures if not f.is_app]
@@ -501,7 +534,7 @@ def _simulate_once(
         notes.append(f"failure: 1 of {count} replicas of {f.resource!r} fails; the {count - 1} left carry its calls"
                      f"{'' if f.replicas or len(endpoints) > 1 else ' (2 assumed: give ?replicas=R)'}")
 
-    nesting = _Nesting(graphs, models, load.nested)
+    nesting = _Nesting(graphs, models, load.nested, load.mix)
     curves = _Curves(store, scenario)
     ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = 0
     parts: list[tuple[Any, ...]] = []
@@ -578,10 +611,19 @@ def _simulate_once(
     background, how = _background(graphs, [p[0] for p in parts], weights, users)
     if how:
         notes.append(how)
+    # At one user per loop the recorded durations hold the threads' waits for the GIL already
+    threaded = [tuple(users > 1 and graph.node(i).kind is NodeKind.IO and graph.node(i).system in THREAD_SYSTEMS
+                      for i in part[0].ids) for graph, part in zip(graphs, parts, strict=True)]
     workloads = [Workload(plan, durations, loop, pool, group, weights[gi], nested, server, before, after,
-                          background[gi], holds)
+                          background[gi], holds, threaded[gi])
                  for gi, (plan, durations, loop, pool, group, nested, server, before, after, holds)
                  in enumerate(parts)]
+    if any(any(t) for t in threaded):
+        systems = sorted({graph.node(i).system for graph, part, t in zip(graphs, parts, threaded, strict=True)
+                          for i, x in zip(part[0].ids, t, strict=True) if x})
+        notes.append(f"io served by a thread of the app ({', '.join(systems)}): the thread waits for the GIL to "
+                     f"take each call and to hand its answer back, while the loop has queued work, at most "
+                     f"{GIL_SWITCH_MS:g} ms each")
     if pool_waits:
         notes.append(f"{pool_waits} recorded waits for a pooled connection left out: the simulated pool makes them")
     if any(h >= 0 for w in workloads for h in w.holds):
@@ -615,6 +657,7 @@ def _simulate_once(
         workloads, users, samples * max(user_routes, 1), rng, think_ms=load.think_ms,
         pool_sizes=[limit for _, limit in load.pools], scale=group_scale,
         adjust=curves.adjust if curves.any else None, routes=nesting.routes, servers=nesting.servers, wake=wake,
+        gil_switch_ms=GIL_SWITCH_MS,
     )
     return latencies, notes
 
@@ -633,10 +676,11 @@ def _pool_holders(graph: CausalGraph, ids: Sequence[str],
     A pool's connection goes back in the code after the answer (asyncpg's ``pool.fetch`` releases it when its
     ``async with`` block exits), so it is held until the calling task's next step, the compute node of the
     same task that follows the call, has run; when no such step follows, at the answer. When that step ends by
-    awaiting a child of its own (a sync node of the same task: asyncpg's release runs shielded and resets the
-    connection with a query of its own), the connection is returned when the child ends (asyncpg puts it back
-    in the pool's queue in the child's last step, before the caller wakes up), and the child's calls to the
-    same pool use the held connection instead of taking another.
+    awaiting one child of its own (a sync node of the same task with that one child: asyncpg's release runs
+    shielded and resets the connection with a query of its own), the connection is returned when the child
+    ends (asyncpg puts it back in the pool's queue in the child's last step, before the caller wakes up), and
+    the child's calls to the same pool use the held connection instead of taking another. Several children
+    are the app's own ``gather``, started by a step that had given the connection back.
     """
     where = {node_id: j for j, node_id in enumerate(ids)}
     holds = [-1] * len(ids)
@@ -652,7 +696,10 @@ def _pool_holders(graph: CausalGraph, ids: Sequence[str],
         holder = steps[0]
         if waits:
             children = [n for n in graph.dag.predecessors(waits[0]) if n in where and n != steps[0]]
-            holder = children[0] if len(children) == 1 else waits[0]
+            # one child: the release (asyncpg's, shielded). Several: the app's own gather, started after the
+            # connection went back (aiosqlite's pool of the example returns it in the step that starts it)
+            waits = waits if len(children) == 1 else []
+            holder = children[0] if waits else steps[0]
         if holds[where[holder]] >= 0:
             continue
         holds[where[holder]] = j
@@ -804,21 +851,50 @@ def background_from_spans(
     return with_background(graphs, demand), demand
 
 
-def wait_scale(without_ms: Sequence[float], with_ms: Sequence[float]) -> float:
-    """How much faster the app answers without the collector: ratio of mean latencies at the same light load.
+def fit_wait_scale(
+    graphs: Sequence[CausalGraph],
+    demand: BackgroundDemand,
+    target_ms: float,
+    *,
+    users: int = 1,
+    samples: int = 2000,
+    seed: int = 0,
+    floor: float = 0.05,
+    steps: int = 14,
+) -> float:
+    """The wait scale at which the simulation of ``graphs`` (one route) at the light run's load (``users``,
+    one by default: the baseline's) has mean latency ``target_ms``.
 
-    The collector's cost is not only in the loop's steps (which :attr:`BackgroundDemand.cpu_scale` takes out)
-    but in every thread it traces (an in-process service's loop), in its export thread, and so in every wait
-    of the recorded calls. Two runs of the same light load (1-2 users, the same paths), with and without the
-    collector, measure it as a whole; the load simulation scales the recorded waits by it.
+    A light run without the collector is the one measurement of the app without it, so the calibrated model is
+    made to reproduce it: compute nodes hold the loop for their CPU x ``demand.cpu_scale``, and what is not the
+    loop's CPU (io waits, wake-ups, start and end) is scaled by the number found here, by bisection on
+    ``[floor, 1]`` with the same random numbers at every step, so that the mean grows with the scale. 1 when
+    even the recorded waits fall short (a client-side latency also holds the client's own work and the network
+    stack, which the server's spans do not), ``floor`` when even that is too long.
 
-    >>> wait_scale([5.0, 7.0], [10.0, 14.0])
-    0.5
+    The collector's cost is in the loop's steps, which ``cpu_scale`` takes out, and in some waits (the
+    wake-ups of a loop that runs it, an in-process service it traces), not in a remote service's time: the
+    ratio of the mean latencies without / with the collector, used for every wait before, scaled the remote
+    time too and predicted the accuracy benchmark's load case 1-3 points lower (docs/whatif.md).
     """
-    a, b = np.asarray(without_ms, dtype=np.float64), np.asarray(with_ms, dtype=np.float64)
-    if not a.size or not b.size or b.mean() <= 0:
-        raise ValueError("wait_scale needs latencies of both runs (a positive mean with the collector)")
-    return float(a.mean() / b.mean())
+    from analyzer.predict import predict  # the engine runs the simulation; it imports this module
+
+    def mean_at(scale: float) -> float:
+        calibrated = with_background(graphs, demand, wait_scale=scale)
+        preds = predict(calibrated, f"load:{users}", None, samples, np.random.default_rng(seed))
+        return float(np.mean(np.concatenate([p.predicted.samples_ms for p in preds])))
+
+    if not target_ms > 0:
+        raise ValueError(f"target_ms must be positive, got {target_ms}")
+    if mean_at(1.0) <= target_ms:
+        return 1.0
+    lo, hi = floor, 1.0
+    if mean_at(lo) >= target_ms:
+        return lo
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if mean_at(mid) > target_ms else (mid, hi)
+    return 0.5 * (lo + hi)
 
 
 @dataclass(frozen=True, slots=True)
@@ -842,7 +918,9 @@ def calibrate(
     routes: Sequence[str],
     process_cpu_ms: float,
     without_ms: Mapping[str, Sequence[float]],
-    with_ms: Mapping[str, Sequence[float]],
+    *,
+    users: int = 1,
+    samples: int = 2000,
 ) -> tuple[list[CausalGraph], Calibration]:
     """Graphs calibrated to the app without the collector, from one light run with it and one without.
 
@@ -851,9 +929,9 @@ def calibrate(
     graphs
         Every graph of the collected light run (in-process services' routes included).
     routes
-        The routes the users request: per route, the ratio of the mean latencies without / with the collector
-        scales the recorded waits (:func:`wait_scale`; the collector's cost is not proportional to a request's
-        latency, a short request of few steps pays relatively less); other routes take the overall ratio.
+        The routes the users request: the waits of each route's graphs are scaled so that its one-user
+        simulation has the mean latency it had without the collector (:func:`fit_wait_scale`); other routes'
+        graphs take the mean of those scales, weighted by requests.
     process_cpu_ms
         The CPU per user request the process's event loop is held for without the collector
         (:func:`background_demand`): every thread's user time (the GIL's demand) and the loop thread's system
@@ -861,14 +939,26 @@ def calibrate(
         beside the loop. ``replayer.groundtruth.loop_cpu_s`` measures it. Counting user time only, the load
         simulation of the example app ran its loop 20-25% too fast (``benchmarks/whatif_accuracy.py``, load and
         failure cases).
-    without_ms, with_ms
-        route -> latencies of the same light load without and with the collector.
+    without_ms
+        route -> latencies of the same light load without the collector.
+    users
+        The light load's users (1: as the baseline is recorded).
+    samples
+        Monte Carlo samples of each simulation of the fit.
     """
     demand = background_demand(graphs, [g for g in graphs if g.route in routes], process_cpu_ms)
-    every = [x for r in routes for x in without_ms.get(r, ())], [x for r in routes for x in with_ms.get(r, ())]
-    overall = wait_scale(*every)
-    by_route = {r: wait_scale(without_ms[r], with_ms[r]) if without_ms.get(r) and with_ms.get(r) else overall
-                for r in routes}
+    by_route: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for route in routes:
+        members = [g for g in graphs if g.route == route]
+        measured = without_ms.get(route, ())
+        if members and len(measured):
+            by_route[route] = fit_wait_scale(members, demand, float(np.mean(measured)), users=users,
+                                             samples=samples)
+            counts[route] = sum(g.count for g in members)
+    if not by_route:
+        raise ValueError("calibrate needs, for one of the routes, graphs and latencies without the collector")
+    overall = sum(by_route[r] * counts[r] for r in by_route) / max(sum(counts.values()), 1)
     out = [with_background([g], demand, wait_scale=by_route.get(g.route, overall))[0] for g in graphs]
     return out, Calibration(demand, overall, by_route)
 
@@ -922,8 +1012,10 @@ class _Nesting:
     requests that were *not* such calls (a route only ever called by others gets no users).
     """
 
-    def __init__(self, graphs: Sequence[CausalGraph], models: Sequence[NodeDurations], mode: str) -> None:
+    def __init__(self, graphs: Sequence[CausalGraph], models: Sequence[NodeDurations], mode: str,
+                 mix: Sequence[tuple[str, float]] = ()) -> None:
         self.graphs, self.models, self.mode = graphs, models, mode
+        self.mix = tuple(mix)
         by_route: dict[str, list[int]] = {}
         for gi, g in enumerate(graphs):
             by_route.setdefault(g.route, []).append(gi)
@@ -965,6 +1057,10 @@ class _Nesting:
         if sum(own.values()) <= 0:
             own = total  # every route is called by another: let users issue them all
         g = self.graphs[gi]
+        if self.mix:
+            # the scenario's mix: each route's share of the users' requests, spread over its variants as recorded
+            share = sum(w for name, w in self.mix if route_matches(name, g.route))
+            return share * max(g.count, 1) / total[g.route]
         return own[g.route] * max(g.count, 1) / total[g.route]
 
     def describe(self) -> list[str]:

@@ -13,7 +13,8 @@ A :class:`Scenario` is a named set of changes applied together. The spec of one 
                                              ``location:`` and ``tier:`` take the same ``[API]`` filter
 ``load:N[?think=0ms&replicas=1&pool.R=10]``  N concurrent users (closed loop), spread over ``replicas`` front ends,
                                              with at most ``pool.R`` calls in flight to resource R per front end
-                                             (``&nested=shared|separate|off``: see :class:`Load`)
+                                             (``&nested=shared|separate|off``: see :class:`Load`;
+                                             ``&mix.ROUTE=W``: the users' requests in these shares)
 ``interference:cpu=PCT``                     a neighbour takes PCT % of the CPU the event loop runs on
 ``failure:RESOURCE[?replicas=2]``            one of RESOURCE's replicas fails; the survivors carry its load
                                              (RESOURCE ``app`` is the front end itself)
@@ -66,6 +67,7 @@ __all__ = [
     "load_scenarios",
     "matches",
     "parse_scenario",
+    "route_matches",
     "target_of",
 ]
 
@@ -119,6 +121,9 @@ class Load:
     """HTTP calls to a route the graphs also hold are simulated as sub-requests whose compute runs on the
     caller's CPU (``shared``: one process, one GIL), on a server of their own per endpoint (``separate``),
     or not at all (``off``: calls keep their recorded latency, users issue every route)."""
+    mix: tuple[tuple[str, float], ...] = ()
+    """(ROUTE, weight): the users request ROUTE (``GET /post/{id}``, or its path ``/post/{id}``) in proportion
+    to ``weight``, and no route left out; empty: in the proportions the graphs recorded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +207,17 @@ def _bytes(text: str, where: str) -> float:
     if not m or m.group(2).lower() not in _UNITS_BYTES:
         raise ScenarioError(f"{where}: expected a size such as 6MB, 512KiB or 6e6 (bytes), got {text!r}")
     return float(m.group(1)) * _UNITS_BYTES[m.group(2).lower()]
+
+
+def _weight(text: str, where: str) -> float:
+    """A route's share of a load's requests: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ScenarioError(f"{where}: expected a weight >= 0 (a number such as 1 or 0.25), got {text!r}")
+    return value
 
 
 def _positive_int(text: str, where: str, minimum: int = 1) -> int:
@@ -312,7 +328,7 @@ def _parse_change(spec: str) -> Change:
     target, api = _split_target(target.strip(), where)
     value = value.strip()
     if kind == "load":
-        o = _options(opts, where, ["think", "replicas", "nested", "pool."])
+        o = _options(opts, where, ["think", "replicas", "nested", "pool.", "mix."])
         pools = tuple(sorted((k[5:], _positive_int(v, f"{where} option {k}")) for k, v in o.items()
                              if k.startswith("pool.")))
         if any(not r for r, _ in pools):
@@ -323,7 +339,13 @@ def _parse_change(spec: str) -> Change:
         nested = o.get("nested", "shared")
         if nested not in NESTED:
             raise ScenarioError(f"{where}: option nested must be one of {', '.join(NESTED)}, got {nested!r}")
-        return Load(_positive_int(body, where), think, _positive_int(o.get("replicas", "1"), where), pools, nested)
+        mix = tuple((k[4:].strip(), _weight(v, f"{where} option {k}")) for k, v in o.items() if k.startswith("mix."))
+        if any(not r for r, _ in mix):
+            raise ScenarioError(f"{where}: option mix.ROUTE needs a route, e.g. mix.GET /=3&mix.GET /post/{{id}}=1")
+        if mix and not any(w > 0 for _, w in mix):
+            raise ScenarioError(f"{where}: the mix gives every route a weight of 0; at least one must be positive")
+        return Load(_positive_int(body, where), think, _positive_int(o.get("replicas", "1"), where), pools, nested,
+                    mix)
     if kind == "failure":
         o = _options(opts, where, ["replicas"])
         if api is not None:
@@ -522,6 +544,15 @@ def target_of(change: Targeted) -> str:
     return change.resource if change.api is None else f"{change.resource}[{change.api}]"
 
 
+def route_matches(name: str, route: str) -> bool:
+    """Whether a route as a scenario names it (``GET /post/{id}``, or the path alone) is ``route``.
+
+    >>> route_matches("/post/{id}", "GET /post/{id}"), route_matches("GET /", "GET /post/{id}")
+    (True, False)
+    """
+    return name == route or name == route.partition(" ")[2]
+
+
 def known_resources(graphs: Iterable[CausalGraph]) -> list[str]:
     """Every name a scenario may use for the resources of ``graphs``, sorted."""
     out: set[str] = set()
@@ -540,6 +571,11 @@ def check_resources(scenario: Scenario, graphs: Sequence[CausalGraph]) -> None:
             selectors = [change.resource]
         elif isinstance(change, Load):
             selectors = [r for r, _ in change.pools]
+            routes = sorted({g.route for g in graphs})
+            for route, _ in change.mix:
+                if not any(route_matches(route, r) for r in routes):
+                    raise ScenarioError(f"scenario {scenario.name!r}: option mix.{route}: no graph has that route; "
+                                        f"the routes are: {', '.join(routes) or 'none'}")
         for sel in selectors:
             if not any(matches(sel, n) for g in graphs for n in g.nodes):
                 have = ", ".join(known_resources(graphs)) or "none (the graphs have no io nodes)"

@@ -147,9 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # 1. and 2., alternated --base-repeats times (the machine is shared): baseline spans at light load under the
     # collector, and the same light load without it (process CPU, latencies)
     reqs: list[Any] = []
-    base_ms: list[float] = []
     light_ms: list[float] = []
-    base_paths: list[str] = []
     splits: list[dict[str, float]] = []
     light_paths: list[str] = []
     user_s = sys_s = loop_s = 0.0
@@ -171,8 +169,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"collected run {rep + 1}: per user request, loop thread {p.loop_thread_ms / n:.2f} ms, other "
                   f"threads and kernel {p.other_threads_ms / n:.2f} ms, collector's export {p.export_ms / n:.2f} ms "
                   "CPU (process span)", flush=True)
-        base_ms += base.latencies_ms
-        base_paths += base.paths
         with _app(None, work / f"app-light-{rep}.log") as (url, proc):
             light, (u, sy, lp), _ = _load(url, ns.base_users, ns.base_seconds, proc, seed=10 + rep)
         light_ms += light.latencies_ms
@@ -197,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return {r: [x for x, q in zip(ms, paths, strict=True) if route_of(q) == r] for r in ROUTES}
 
     model, calibration = calibrate(graphs, ROUTES, loop_s * 1e3, by_route(light_ms, light_paths),
-                                   by_route(base_ms, base_paths))
+                                   users=ns.base_users)
     demand, scale = calibration.demand, calibration.wait_scale
     print(f"process CPU {user_s * 1e3:.2f} ms user + {sys_s * 1e3:.2f} ms system per request, the loop held "
           f"{loop_s * 1e3:.2f} ms; "

@@ -78,6 +78,7 @@ from replayer.groundtruth import (
     ForumSetup,
     IDLE_MS,
     GroundTruth,
+    client_mix,
     deploy,
     measure,
     measure_idle,
@@ -130,11 +131,12 @@ def _cases(setup: ForumSetup, users: int, big: int) -> list[Case]:
                           Applied(added_ms=(("postgres", 10.0),)), selector="postgresql"))
     cases.append(Case("size", f"size:{BLOB_NAME}[{BLOB_API}]={big}", Applied(payload_bytes=big)))
     cases += [
-        Case("load", f"load:{users}", Applied(), users),
+        # the users request what the load client does (half and half), not the baseline's recorded mix
+        Case("load", f"load:{users}?{client_mix()}", Applied(), users),
         # The app and the hog share core 0, everything else has core 1: the neighbour slows the front end only.
         Case("interference", "interference:cpu=50", Applied(cpu_pct=50.0), pin=True),
-        Case("failure", f"load:{users // 2}?replicas=2; failure:app", Applied(app_replicas=2, failed_replicas=1),
-             users // 2),
+        Case("failure", f"load:{users // 2}?replicas=2&{client_mix()}; failure:app",
+             Applied(app_replicas=2, failed_replicas=1), users // 2),
     ]
     return cases
 
@@ -264,21 +266,18 @@ def _apart(repeat: dict[str, Any] | None) -> str:
             f"({repeat['sampling_median']:.1%}/{repeat['sampling_ks_d']:.2f})")
 
 
-def _calibrated(graphs: list[Any], bases: list[GroundTruth],
-                lights: list[GroundTruth]) -> tuple[list[Any], str]:
+def _calibrated(graphs: list[Any], lights: list[GroundTruth]) -> tuple[list[Any], str]:
     """The graphs calibrated to the app without the collector (:func:`analyzer.loadsim.calibrate`).
 
     ``lights`` ran the baseline's light load without the collector: the CPU the app's loop was held for per
-    request there (``GroundTruth.loop_cpu_ms``), and per route the client-side latencies without / with the
-    collector.
+    request there (``GroundTruth.loop_cpu_ms``), and per route the client-side latencies.
     """
     counts = [sum(len(v) for v in t.client_ms.values()) for t in lights]
     # recordings made before GroundTruth.loop_cpu_ms: the app's user + system CPU (its one thread, the loop's)
     loop = [getattr(t, "loop_cpu_ms", 0.0) or sum(t.app_cpu_ms) for t in lights]
     loop_ms = sum(x * n for x, n in zip(loop, counts, strict=True)) / max(sum(counts), 1)
     without = {r: [x for t in lights for x in t.client_ms.get(r, ())] for r in ROUTES}
-    collected = {r: [x for t in bases for x in t.client_ms.get(r, ())] for r in ROUTES}
-    out, calibration = calibrate(graphs, ROUTES, loop_ms, without, collected)
+    out, calibration = calibrate(graphs, ROUTES, loop_ms, without)
     return out, calibration.describe()
 
 
@@ -296,7 +295,7 @@ def _predict_by_round(spec: str, bases: list[GroundTruth], lights: list[GroundTr
     by_route: dict[str, list[Any]] = {}
     for k, (base, light) in enumerate(zip(bases, lights, strict=True)):
         graphs = [g for g in build_graphs(_window_requests(base)) if g.route in ROUTES]
-        graphs, calibration = _calibrated(graphs, [base], [light])
+        graphs, calibration = _calibrated(graphs, [light])
         status(f"round {k + 1}: {calibration}")
         for p in predict(graphs, spec, store, max(samples // len(bases), 1), rng):
             by_route.setdefault(p.route, []).append(p)
@@ -453,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         problems: list[str] = []
         graphs = [g for g in build_graphs(reqs, problems=problems) if g.route in ROUTES]
         if calibrate:
-            graphs, calibration = _calibrated(graphs, bases, lights)
+            graphs, calibration = _calibrated(graphs, lights)
             status(f"pooled: {calibration}")
         else:
             files = sorted({path for t in bases for path in t.spans})

@@ -101,7 +101,8 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     from analyzer.predict import predict
     from analyzer.selfcheck import summarize
     from analyzer.spans import process_cpu, read_spans
-    from replayer.groundtruth import BLOB_NAME, Applied, ForumSetup, measure, measure_paired, measured_requests
+    from replayer.groundtruth import (BLOB_NAME, Applied, ForumSetup, client_mix, measure, measure_paired,
+                                      measured_requests)
 
     console = console or Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -152,8 +153,9 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     cases: list[tuple[str, str, int, str]] = [
         ("location", f"location:{BLOB_NAME}=+20ms", 1,
          "the blob service (blobs, cache, ads) moved 20 ms further away: measured in step 1's scenario blocks"),
-        ("load", f"load:{users}", users, f"{users} concurrent users instead of 1, for the app without "
-         "the collector (which would cost it 3.6x its CPU under load): calibrated by one light run without it"),
+        ("load", f"load:{users}?{client_mix(routes=[g.route for g in graphs])}", users, f"{users} concurrent users instead of 1, asking for both "
+         "pages half and half as the load client does, for the app without the collector (which would cost it "
+         "3.6x its CPU under load): calibrated by one light run without it"),
     ]
     samples = 2000 if quick else 10_000
     rng = np.random.default_rng(seed)
@@ -165,8 +167,7 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
         if n_users > 1:
             step("the same light load without the collector, for its CPU and latency")
             light = measure(setup, requests=requests, warmup_requests=warmup, on_step=step, log_dir=out / "logs")
-            with_collector = {r: [x for b in bases for x in b.client_ms.get(r, ())] for r in ROUTES}
-            model, calibration = calibrate(graphs, ROUTES, light.loop_cpu_ms, light.client_ms, with_collector)
+            model, calibration = calibrate(graphs, ROUTES, light.loop_cpu_ms, light.client_ms)
             step(calibration.describe())
             collected = False
         store = _wake_profile(setup, out, quick, step) if name == "location" else None

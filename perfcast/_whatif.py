@@ -51,6 +51,8 @@ def whatif(
     RESOURCE: a system (redis), host:port, a resource URL, or a name given at collection.
     RESOURCE[API] (location, tier, size): only the calls whose api matches the glob API,
       e.g. size:blob[GET /blob/{id}]=256KiB.
+    load:N?mix.ROUTE=W&...: the users request the routes in these shares (default: as
+      recorded), e.g. load:60?mix.GET /=3&mix.GET /post/{id}=1.
     docs/whatif.md says how each change becomes node durations.
     """
     import numpy as np

@@ -59,6 +59,7 @@ __all__ = [
     "GroundTruthError",
     "IDLE_MS",
     "Resource",
+    "client_mix",
     "cpu_s",
     "deploy",
     "loop_cpu_s",
@@ -185,6 +186,27 @@ class GroundTruth:
             "spans": list(self.spans), "window_ns": list(self.window_ns), "app_cpu_ms": list(self.app_cpu_ms),
             "loop_cpu_ms": self.loop_cpu_ms,
         }
+
+
+def client_mix(paths: Sequence[str] = APP_PATHS, routes: Iterable[str] | None = None) -> str:
+    """The load client's request mix, as options of a ``load:N`` scenario.
+
+    The client picks one of ``paths`` uniformly at random per request, so a route weighs as many paths as lead
+    to it. A prediction made with the baseline's recorded mix instead would be for another workload: the
+    first 100 requests of the seeded client are 60% index pages, its loaded runs 50%. ``routes``: only these
+    (the routes the baseline has graphs of).
+
+    >>> client_mix(), client_mix(routes=["GET /"])
+    ('mix.GET /=1&mix.GET /post/{id}=1', 'mix.GET /=1')
+    """
+    keep = None if routes is None else set(routes)
+    counts: dict[str, int] = {}
+    for path in paths:
+        route = route_of(path.replace("{n}", "1"))  # the client's placeholder for a number
+        if keep is not None and route not in keep:
+            continue
+        counts[route] = counts.get(route, 0) + 1
+    return "&".join(f"mix.{route}={n}" for route, n in counts.items())
 
 
 def route_of(path: str, method: str = "GET") -> str:

@@ -67,3 +67,30 @@ def test_bad_graphs_file(tmp_path: Path) -> None:
     path.write_text('{"format": "perfcast-graphs/1",\n "graphs": [\n')
     with pytest.raises(GraphFileError, match=r"g.json:3: not valid JSON"):
         load_graphs(path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("queued_ms", [0.5], r"node 'io0' field 'queued_ms' has 1 values for 2 requests"),
+        ("ready_ms", "fast", r"node 'io0' field 'ready_ms' must be a list of numbers, one per request, got str"),
+        ("inflight", [1, None], r"field 'inflight': value #1 is None, expected a finite number >= 0"),
+        ("cpu_before_ms", [0.1, -0.2], r"field 'cpu_before_ms': value #1 is -0.2"),
+    ],
+)
+def test_per_request_extras_are_checked_where_they_are_read(tmp_path: Path, field: str, value: object,
+                                                             message: str) -> None:
+    # the engine reads these per request, aligned with samples_ms: a hand-edited one of the wrong length would
+    # otherwise be ignored without a word (or misread)
+    g = CausalGraph("GET /", [Node("start", NodeKind.START, (0.0, 0.0)),
+                              Node("io0", NodeKind.IO, (1.0, 2.0), api="redis GET", extra={field: [0.1, 0.2]}),
+                              Node("end", NodeKind.END, (0.0, 0.0))],
+                    [("start", "io0"), ("io0", "end")], latency_ms=[1.0, 2.0])
+    path = tmp_path / "g.json"
+    dump_graphs([g], path)
+    assert load_graphs(path)[0].node("io0").extra[field] == [0.1, 0.2]
+    doc = json.loads(path.read_text())
+    doc["graphs"][0]["nodes"][1][field] = value
+    path.write_text(json.dumps(doc))
+    with pytest.raises(GraphFileError, match=rf"g.json.*graphs\[0\].*{message}"):
+        load_graphs(path)

@@ -23,7 +23,7 @@ from analyzer.loadsim import (
     WAIT_SCALE_KEY,
     background_demand,
     calibrate,
-    wait_scale,
+    fit_wait_scale,
     with_background,
 )
 from analyzer.predict import predict
@@ -258,10 +258,17 @@ class TestCpuModel:
         (p,) = predict(graphs, "load:2", samples=50, rng=rng())
         assert any("calibrated waits" in n for n in p.notes)
 
-    def test_wait_scale_is_a_ratio_of_means(self) -> None:
-        assert wait_scale([1.0, 3.0], [4.0, 4.0]) == pytest.approx(0.5)
-        with pytest.raises(ValueError, match="both runs"):
-            wait_scale([], [1.0])
+    def test_the_wait_scale_makes_one_user_take_the_measured_time(self) -> None:
+        # 2 ms of CPU (scale 0.5 without the collector: 1 ms) then an 8 ms call: 1 + 8 s. A light run without
+        # the collector measured 5 ms: s = 0.5. 10 ms would need s > 1: 1 (the rest is the client's side).
+        # 0.5 ms needs s < 0: the floor
+        g = chain("GET /", compute("c", 2.0), io("x", 8.0))
+        demand = background_demand([g], [g], process_cpu_ms=1.0)
+        assert fit_wait_scale([g], demand, 5.0) == pytest.approx(0.5, abs=1e-3)
+        assert fit_wait_scale([g], demand, 10.0) == 1.0
+        assert fit_wait_scale([g], demand, 0.5, floor=0.05) == 0.05
+        with pytest.raises(ValueError, match="target_ms must be positive"):
+            fit_wait_scale([g], demand, 0.0)
         with pytest.raises(ValueError, match="wait_scale must be positive"):
             with_background([chain("GET /", io("a", 1.0))], 0.0, wait_scale=0.0)
 
@@ -332,16 +339,102 @@ def test_background_from_spans_takes_the_window_and_subtracts_what_the_graphs_re
     assert none is None and BACKGROUND_KEY not in same[0].meta
 
 
-def test_calibrate_scales_each_user_route_by_its_own_latency_ratio() -> None:
+def test_calibrate_fits_each_user_routes_waits_to_its_latency_without_the_collector() -> None:
     a = chain("GET /a", compute("c", 2.0), io("x", 8.0))  # 2 ms of CPU recorded per request
     b = chain("GET /b", compute("c", 2.0), io("x", 8.0))
     inner = chain("GET /inner", compute("c", 1.0))  # an in-process service the users do not call directly
-    graphs, cal = calibrate([a, b, inner], ["GET /a", "GET /b"], 1.5,
-                            {"GET /a": [5.0, 5.0], "GET /b": [9.0]}, {"GET /a": [10.0, 10.0], "GET /b": [10.0]})
+    # 40 + 40 + 20 ms of CPU over 40 user requests (20 each): 2.5 ms traced per request against 1.5 measured,
+    # CPU scale 0.6: the compute holds the loop 1.2 ms, so 5 ms is 1.2 + 8 s (s = 0.475), 9 ms s = 0.975
+    graphs, cal = calibrate([a, b, inner], ["GET /a", "GET /b"], 1.5, {"GET /a": [5.0, 5.0], "GET /b": [9.0]})
     scales = {g.route: g.meta[WAIT_SCALE_KEY] for g in graphs}
-    assert scales["GET /a"] == pytest.approx(0.5) and scales["GET /b"] == pytest.approx(0.9)
-    assert scales["GET /inner"] == pytest.approx(19.0 / 30.0)  # the overall ratio of the means
-    # 40 + 40 + 20 ms of CPU over 40 user requests (20 each): 2.5 ms traced per request against 1.5 measured
+    assert scales["GET /a"] == pytest.approx(0.475, abs=1e-3) and scales["GET /b"] == pytest.approx(0.975, abs=1e-3)
+    assert scales["GET /inner"] == pytest.approx(0.725, abs=1e-3)  # the user routes' scales, by requests
     assert cal.demand.traced_ms == pytest.approx(2.5) and cal.demand.cpu_scale == pytest.approx(0.6)
     assert all(g.meta[CPU_SCALE_KEY] == pytest.approx(0.6) for g in graphs)
-    assert "wait scale GET /a 0.500, GET /b 0.900" in cal.describe()
+    assert "wait scale GET /a 0.475, GET /b 0.975" in cal.describe()
+    assert mean_latency([g for g in graphs if g.route == "GET /a"], "load:1") == pytest.approx(5.0, abs=0.01)
+    with pytest.raises(ValueError, match="latencies without the collector"):
+        calibrate([a], ["GET /a"], 1.5, {})
+
+
+def sqlite_call(node_id: str, ms: float, count: int = 20) -> Node:
+    return Node(node_id, NodeKind.IO, (ms,) * count, api="sqlite SELECT", resource="sqlite:////tmp/forum.db",
+                system="sqlite", round_trips=(0,) * count)
+
+
+class TestThreadServedCalls:
+    """aiosqlite serves each call on a thread of the app, which needs the GIL the loop's thread holds."""
+
+    def test_the_thread_waits_for_the_loops_queued_work(self) -> None:
+        # 2 ms of compute, then a 1 ms call, 2 users. On the network (redis) the loop saturates: 2 x 2 ms. On
+        # a thread: A's call starts at 2 while B's step holds the loop until 4, so A's thread takes the job at 4
+        # and is done at 5; B's call starts at 4 with the loop idle and is done at 5 too, then waits for A's
+        # next step [5, 7] to hand its answer back. Each user's request takes 5 ms.
+        threaded = chain("GET /", compute("c", 2.0), sqlite_call("q", 1.0))
+        assert mean_latency([threaded], "load:2") == pytest.approx(5.0, rel=0.01)
+        assert mean_latency([chain("GET /", compute("c", 2.0), io("q", 1.0))], "load:2") == pytest.approx(4.0)
+        (p,) = predict([threaded], "load:2", samples=50, rng=rng())
+        assert any("served by a thread of the app (sqlite)" in n for n in p.notes)
+
+    def test_one_user_keeps_the_recorded_durations(self) -> None:
+        # the recorded durations hold what waiting for the GIL cost at the load they were recorded at
+        threaded = chain("GET /", compute("c", 2.0), sqlite_call("q", 1.0))
+        assert mean_latency([threaded], "load:1") == pytest.approx(3.0)
+        (p,) = predict([threaded], "load:1", samples=50, rng=rng())
+        assert not any("served by a thread" in n for n in p.notes)
+
+    def test_the_wait_is_bounded_by_the_switch_interval(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import analyzer.loadsim as loadsim
+
+        monkeypatch.setattr(loadsim, "GIL_SWITCH_MS", 0.0)  # the holder gives the GIL up at once: no wait
+        threaded = chain("GET /", compute("c", 2.0), sqlite_call("q", 1.0))
+        assert mean_latency([threaded], "load:2") == pytest.approx(4.0)
+
+
+class TestPoolHolders:
+    def test_a_gather_after_a_pooled_call_takes_connections_of_its_own(self) -> None:
+        # The caller's step after its pooled call (p1) starts a gather of two tasks that each make a pooled
+        # call (q0, q1, 2 ms) on a pool of one: the connection went back when that step ended (aiosqlite's and
+        # asyncpg's pools return it in the code after the answer), so q0 runs [4, 6] and q1 [6, 8]. Held until
+        # the gather ended, as asyncpg's shielded release holds it, the children would share it: both [4, 6].
+        def node(node_id: str, kind: NodeKind, ms: float, task: str) -> Node:
+            pooled = {"api": "redis GET", "resource": "redis://h:1/0", "system": "redis"}
+            return Node(node_id, kind, (ms,) * 20, task=task, cpu_ms=(ms,) * 20 if kind is NodeKind.COMPUTE else (),
+                        **(pooled if kind is NodeKind.IO else {}))
+
+        nodes = [Node("start", NodeKind.START, (0.0,) * 20), node("c0", NodeKind.COMPUTE, 1.0, "root"),
+                 node("p1", NodeKind.IO, 2.0, "root"), node("c1", NodeKind.COMPUTE, 1.0, "root")]
+        edges = [("start", "c0"), ("c0", "p1"), ("p1", "c1")]
+        for k in (0, 1):
+            task = f"root/gather#0[{k}]"
+            nodes += [node(f"g{k}", NodeKind.COMPUTE, 0.0, task), node(f"q{k}", NodeKind.IO, 2.0, task),
+                      node(f"h{k}", NodeKind.COMPUTE, 0.0, task)]
+            edges += [("c1", f"g{k}"), (f"g{k}", f"q{k}"), (f"q{k}", f"h{k}"), (f"h{k}", "gather")]
+        nodes += [node("gather", NodeKind.SYNC, 0.0, "root"), Node("end", NodeKind.END, (0.0,) * 20)]
+        edges += [("c1", "gather"), ("gather", "end")]
+        g = CausalGraph("GET /", nodes, edges, latency_ms=[6.0] * 20)
+        assert mean_latency([g], "load:1?pool.redis=1") == pytest.approx(8.0)
+        assert mean_latency([g], "load:1?pool.redis=2") == pytest.approx(6.0)
+
+
+class TestMix:
+    def test_the_scenarios_shares_replace_the_recorded_ones(self) -> None:
+        # /a holds the loop 1 ms, /b 3 ms, recorded 30 times against 10. 40 users saturate the loop: throughput
+        # 1 / D, D the mean demand per request: 1.5 ms as recorded, 2 ms half and half, 3 ms /b alone
+        a = chain("GET /a", compute("c", 1.0, count=30), count=30)
+        b = chain("GET /b", compute("c", 3.0, count=10), count=10)
+
+        def throughput(spec: str) -> float:
+            preds = predict([a, b], spec, samples=3000, rng=rng())
+            shares = {"GET /a": 30, "GET /b": 10} if "mix" not in spec else (
+                {"GET /a": 1, "GET /b": 1} if "mix./a" in spec else {"GET /b": 1})
+            total = sum(shares.values())
+            cycle = sum(shares[p.route] / total * p.predicted.mean for p in preds)
+            return 40 / cycle
+
+        assert throughput("load:40") == pytest.approx(1 / 1.5, rel=0.03)
+        assert throughput("load:40?mix./a=1&mix.GET /b=1") == pytest.approx(1 / 2.0, rel=0.03)
+        assert throughput("load:40?mix.GET /b=1") == pytest.approx(1 / 3.0, rel=0.03)
+        preds = predict([a, b], "load:40?mix.GET /b=1", samples=100, rng=rng())
+        assert [p.route for p in preds] == ["GET /b"]  # no user asks for /a
+        assert any(n.startswith("mix: users request GET /b 100%") for n in preds[0].notes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,8 @@ class TestParse:
             ("load:60", Load(60)),
             ("load:60?think=100ms&replicas=2&pool.postgresql=10", Load(60, 100.0, 2, (("postgresql", 10),))),
             ("load:5?nested=off", Load(5, nested="off")),
+            ("load:16?mix.GET /=3&mix./post/{id}=1", Load(16, mix=(("GET /", 3.0), ("/post/{id}", 1.0)))),
+            ("load:16?mix.GET /=0.5&mix.GET /ad=0", Load(16, mix=(("GET /", 0.5), ("GET /ad", 0.0)))),
             ("failure:app", Failure("app")),
             ("failure:db:5432?replicas=3", Failure("db:5432", 3)),
             ("size:blobs[GET /blob/{id}]=256KiB", Size("blobs", 256 * 1024, "GET /blob/{id}")),
@@ -101,6 +105,11 @@ class TestParse:
             ("load:10?threads=3", "unknown option 'threads'"),
             ("load:10?pool.=3", "needs a resource"),
             ("load:10?nested=maybe", "nested must be one of shared, separate, off"),
+            ("load:10?mix.=3", "mix.ROUTE needs a route"),
+            ("load:10?mix.GET /=lots", "option mix.GET /: expected a weight >= 0"),
+            ("load:10?mix.GET /=-1", "expected a weight >= 0"),
+            ("load:10?mix.GET /=nan", "expected a weight >= 0"),
+            ("load:10?mix.GET /=0", "every route a weight of 0"),
             ("failure:app?replicas=1", "integer >= 2"),
             ("tier:redis", "expected tier:RESOURCE=VALUE"),
             ("load:1; load:2", "more than one load"),
@@ -169,6 +178,12 @@ class TestResources:
             check_resources(parse_scenario("location:mongo=+1ms"), graphs)
         with pytest.raises(ScenarioError, match="unknown resource 'mysql'"):
             check_resources(parse_scenario("load:3?pool.mysql=2"), graphs)
+        routes = ", ".join(sorted({g.route for g in graphs}))
+        with pytest.raises(ScenarioError, match=rf"option mix.GET /nope: no graph has that route; the routes are: "
+                                                rf"{re.escape(routes)}"):
+            check_resources(parse_scenario("load:3?mix.GET /nope=1"), graphs)
+        route = graphs[0].route
+        check_resources(parse_scenario(f"load:3?mix.{route}=1&mix.{route.partition(' ')[2]}=2"), graphs)
         check_resources(parse_scenario("failure:app"), graphs)
 
 

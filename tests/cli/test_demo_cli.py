@@ -32,7 +32,7 @@ def test_quick_run_predicts_and_measures_location_and_load(tmp_path: Path) -> No
     result = run_demo(tmp_path / "demo", requests=16, quick=True, console=console)
     text = buffer.getvalue()
 
-    assert [o.spec for o in result.outcomes] == ["location:blob=+20ms", "load:4"]
+    assert [o.spec for o in result.outcomes] == ["location:blob=+20ms", "load:4?mix.GET /=1&mix.GET /post/{id}=1"]
     for outcome in result.outcomes:
         assert {r.route for r in outcome.rows} <= {"GET /", "GET /post/{id}"} and outcome.rows
         for row in outcome.rows:
@@ -55,7 +55,7 @@ def test_quick_run_predicts_and_measures_location_and_load(tmp_path: Path) -> No
     with ProfileStore(result.profiles) as store:
         assert sorted(k.value for k in store.keys() if k.api == WAKE_API) == [0.0, 5.0, 10.0, 20.0, 40.0]
     doc = json.loads(result.predictions.read_text())
-    assert [s["name"] for s in doc["scenarios"]] == ["location:blob=+20ms", "load:4"]
+    assert [s["name"] for s in doc["scenarios"]] == ["location:blob=+20ms", "load:4?mix.GET /=1&mix.GET /post/{id}=1"]
 
     for words in ("1. collect", "2. causal graphs", "self-check", "location:blob=+20ms", "wake-up profile", "load:4", "KS D",
                   "median dev", str(result.graphs), "perfcast whatif"):
