@@ -631,8 +631,8 @@ def _simulate_once(
                      "takes it back), not when the answer arrives: under load that step waits for the loop too")
     waits = sorted({round(float(g.meta[WAIT_SCALE_KEY]), 3) for g in graphs if WAIT_SCALE_KEY in g.meta})
     if waits:
-        notes.append(f"calibrated waits: io waits, wake-ups and start/end x {', '.join(map(str, waits))} (latency "
-                     "without / with the collector at the same light load)")
+        notes.append(f"calibrated waits: io waits, wake-ups and start/end x {', '.join(map(str, waits))} (so that "
+                     "the light load takes as long as the app without the collector did)")
     if calibrated_nodes:
         factors = sorted({round(float(g.meta[CPU_SCALE_KEY]), 3) for g in graphs if CPU_SCALE_KEY in g.meta})
         notes.append(f"calibrated CPU: {calibrated_nodes} compute nodes hold the loop for their CPU time x "
@@ -744,7 +744,7 @@ BACKGROUND_KEY = "background_cpu_ms"
 
 WAIT_SCALE_KEY = "wait_scale"
 """Graph ``meta`` key: the factor that turns recorded waits (io calls beyond their CPU, wake-ups, start/end)
-into those of the app without the collector: measured latency without / with it at the same light load."""
+into those of the app without the collector (:func:`fit_wait_scale`)."""
 
 CPU_SCALE_KEY = "cpu_scale"
 """Graph ``meta`` key: the factor that turns recorded on-loop CPU into the CPU of the app without the collector
@@ -908,7 +908,8 @@ class Calibration:
 
     def describe(self) -> str:
         d = self.demand
-        return (f"without the collector: {d.process_ms:.2f} ms CPU per request (the graphs record {d.traced_ms:.2f}: "
+        return (f"without the collector: {d.process_ms:.2f} ms of loop per request (the graphs record "
+                f"{d.traced_ms:.2f}: "
                 f"CPU scale {d.cpu_scale:.3f}, background {d.background_ms:.2f} ms); wait scale "
                 + ", ".join(f"{r} {x:.3f}" for r, x in self.by_route.items()))
 
@@ -919,6 +920,7 @@ def calibrate(
     process_cpu_ms: float,
     without_ms: Mapping[str, Sequence[float]],
     *,
+    preempted_ms: float = 0.0,
     users: int = 1,
     samples: int = 2000,
 ) -> tuple[list[CausalGraph], Calibration]:
@@ -941,12 +943,20 @@ def calibrate(
         failure cases).
     without_ms
         route -> latencies of the same light load without the collector.
+    preempted_ms
+        Time per user request the loop's thread was preempted in that run, ready to run while another thread
+        held its core (``replayer.groundtruth.preempted_s``). The loop cannot serve anything meanwhile, so it
+        counts as demand beside the CPU. On the example, where the app shares two cores with its backends, the
+        blob service and the load client, it was about a fifth of the loop's CPU at every load, and leaving it
+        out predicted 16 users 12-22% low (docs/whatif.md).
     users
         The light load's users (1: as the baseline is recorded).
     samples
         Monte Carlo samples of each simulation of the fit.
     """
-    demand = background_demand(graphs, [g for g in graphs if g.route in routes], process_cpu_ms)
+    if preempted_ms < 0:
+        raise ValueError(f"preempted_ms must be non-negative, got {preempted_ms}")
+    demand = background_demand(graphs, [g for g in graphs if g.route in routes], process_cpu_ms + preempted_ms)
     by_route: dict[str, float] = {}
     counts: dict[str, int] = {}
     for route in routes:

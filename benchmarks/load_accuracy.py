@@ -13,8 +13,8 @@ Steps:
 2. the same light load on the app *without* the collector, its process CPU measured with psutil: its user-mode
    CPU per user request (the GIL's demand) against the CPU the spans attribute to requests gives the
    background demand or the factor that takes the collector's cost out of the recorded CPU
-   (:func:`analyzer.loadsim.background_demand`), and the two runs' latencies the factor for the recorded waits
-   (:func:`analyzer.loadsim.wait_scale`);
+   (:func:`analyzer.loadsim.background_demand`), and its latencies the factor for the recorded waits
+   (:func:`analyzer.loadsim.fit_wait_scale`: the calibrated model at that load takes that long);
 3. per N: ``predict(load:N)``, then ground truth: the app without the collector under N closed-loop users of
    the example's load client (``examples.forum.load.run_load``, in its own process), client-side latencies.
 
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{loop_s * 1e3:.2f} ms; "
           f"{calibration.describe()}")
 
-    # the light load itself: only its mean latency was used (wait_scale), so the shape is still a check
+    # the light load itself: only its mean latency was used (the wait scale's fit), so the shape is still a check
     (light_pred,) = [np.concatenate([p.predicted.samples_ms for p in predict(
         model, f"load:{ns.base_users}", samples=ns.samples, rng=np.random.default_rng(1)) if p.route in ROUTES])]
     light_dev = cdf_deviation(light_pred, light_ms)

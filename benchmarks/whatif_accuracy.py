@@ -270,14 +270,18 @@ def _calibrated(graphs: list[Any], lights: list[GroundTruth]) -> tuple[list[Any]
     """The graphs calibrated to the app without the collector (:func:`analyzer.loadsim.calibrate`).
 
     ``lights`` ran the baseline's light load without the collector: the CPU the app's loop was held for per
-    request there (``GroundTruth.loop_cpu_ms``), and per route the client-side latencies.
+    request there (``GroundTruth.loop_cpu_ms``), the time it was preempted (``loop_preempted_ms``), and per
+    route the client-side latencies.
     """
     counts = [sum(len(v) for v in t.client_ms.values()) for t in lights]
     # recordings made before GroundTruth.loop_cpu_ms: the app's user + system CPU (its one thread, the loop's)
     loop = [getattr(t, "loop_cpu_ms", 0.0) or sum(t.app_cpu_ms) for t in lights]
     loop_ms = sum(x * n for x, n in zip(loop, counts, strict=True)) / max(sum(counts), 1)
+    # recordings made before GroundTruth.loop_preempted_ms: none counted
+    preempted = [getattr(t, "loop_preempted_ms", 0.0) for t in lights]
+    preempted_ms = sum(x * n for x, n in zip(preempted, counts, strict=True)) / max(sum(counts), 1)
     without = {r: [x for t in lights for x in t.client_ms.get(r, ())] for r in ROUTES}
-    out, calibration = calibrate(graphs, ROUTES, loop_ms, without)
+    out, calibration = calibrate(graphs, ROUTES, loop_ms, without, preempted_ms=preempted_ms)
     return out, calibration.describe()
 
 
@@ -461,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
                 # paired blocks (one spans file for both sides): the process's CPU over the whole run, divided
                 # among all its requests (both sides'), less what their spans record, is the demand per request
                 every = [req for t in bases + truths for req in _window_requests(t)]
-                _, demand = background_from_spans(build_graphs(every), every, process)
+                # a request whose spans make no graph (rare: see build_graphs) is left out, as from the graphs
+                _, demand = background_from_spans(build_graphs(every, problems=[]), every, process)
                 graphs = with_background(graphs, demand) if demand is not None else graphs
             else:
                 graphs, _ = background_from_spans(graphs, reqs, process)

@@ -133,7 +133,9 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     graphs = [g for g in build_graphs(reqs, problems=problems) if g.route in ROUTES]
     # the process's CPU over the whole run (both sides' requests), less what their spans record, per request
     every = measured_requests(span_file.requests, bases + located)
-    _, background = background_from_spans(build_graphs(every), every, process_cpu(span_file.spans))
+    # a request whose spans make no graph is left out here as above (the problems are said once, below)
+    _, background = background_from_spans(build_graphs(every, problems=[]), every,
+                                           process_cpu(span_file.spans))
     if background is not None:
         graphs = with_background(graphs, background)
     for problem in problems[:3]:
@@ -153,9 +155,10 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     cases: list[tuple[str, str, int, str]] = [
         ("location", f"location:{BLOB_NAME}=+20ms", 1,
          "the blob service (blobs, cache, ads) moved 20 ms further away: measured in step 1's scenario blocks"),
-        ("load", f"load:{users}?{client_mix(routes=[g.route for g in graphs])}", users, f"{users} concurrent users instead of 1, asking for both "
-         "pages half and half as the load client does, for the app without the collector (which would cost it "
-         "3.6x its CPU under load): calibrated by one light run without it"),
+        ("load", f"load:{users}?{client_mix(routes=[g.route for g in graphs])}", users,
+         f"{users} concurrent users instead of 1, asking for both pages half and half as the load client does, for "
+         "the app without the collector (which would cost it 3.6x its CPU under load): calibrated by one light "
+         "run without it"),
     ]
     samples = 2000 if quick else 10_000
     rng = np.random.default_rng(seed)
@@ -167,7 +170,8 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
         if n_users > 1:
             step("the same light load without the collector, for its CPU and latency")
             light = measure(setup, requests=requests, warmup_requests=warmup, on_step=step, log_dir=out / "logs")
-            model, calibration = calibrate(graphs, ROUTES, light.loop_cpu_ms, light.client_ms)
+            model, calibration = calibrate(graphs, ROUTES, light.loop_cpu_ms, light.client_ms,
+                                           preempted_ms=light.loop_preempted_ms)
             step(calibration.describe())
             collected = False
         store = _wake_profile(setup, out, quick, step) if name == "location" else None

@@ -63,10 +63,12 @@ __all__ = [
     "cpu_s",
     "deploy",
     "loop_cpu_s",
+    "loop_switches",
     "measure",
     "measure_idle",
     "measure_paired",
     "measured_requests",
+    "preempted_s",
     "route_of",
 ]
 
@@ -168,6 +170,9 @@ class GroundTruth:
     """CPU the serving replicas' event loops were held for in the measured window, per measured request
     (:func:`loop_cpu_s`): with the collector's spans off, the app's own demand on its loop
     (``analyzer.loadsim.calibrate``)."""
+    loop_preempted_ms: float = 0.0
+    """Time the serving replicas' event loops spent preempted in the measured window, per measured request
+    (:func:`preempted_s`): the loop's capacity that the machine's other threads took."""
 
     def latencies(self, route: str) -> tuple[float, ...]:
         """Server-side latencies of ``route`` when recorded, else client-side."""
@@ -184,7 +189,7 @@ class GroundTruth:
             "resources": dict(self.resources), "users": self.users, "throughput_rps": self.throughput_rps,
             "errors": self.errors, "error_examples": list(self.error_examples), "elapsed_s": self.elapsed_s,
             "spans": list(self.spans), "window_ns": list(self.window_ns), "app_cpu_ms": list(self.app_cpu_ms),
-            "loop_cpu_ms": self.loop_cpu_ms,
+            "loop_cpu_ms": self.loop_cpu_ms, "loop_preempted_ms": self.loop_preempted_ms,
         }
 
 
@@ -628,7 +633,8 @@ def measure_paired(
     return bases, truths
 
 
-def _truth(d: Deployment, users: int, result: Any, window: tuple[int, int], cpu: tuple[float, float, float],
+def _truth(d: Deployment, users: int, result: Any, window: tuple[int, int],
+           cpu: tuple[float, float, float, float],
            applied_delays: Mapping[Resource, float], recorded: Sequence[Any]) -> GroundTruth:
     """A load's result as a :class:`GroundTruth`, its server-side latencies from the ``recorded`` requests."""
     client: dict[str, list[float]] = {}
@@ -645,7 +651,7 @@ def _truth(d: Deployment, users: int, result: Any, window: tuple[int, int], cpu:
         resources=d.resources, users=users, throughput_rps=result.throughput_rps, errors=result.errors,
         elapsed_s=result.elapsed_s, spans=d.spans, window_ns=window, error_examples=result.error_examples,
         applied_delay_ms=dict(applied_delays), app_cpu_ms=(1e3 * cpu[0] / n, 1e3 * cpu[1] / n),
-        loop_cpu_ms=1e3 * cpu[2] / n,
+        loop_cpu_ms=1e3 * cpu[2] / n, loop_preempted_ms=1e3 * cpu[3] / n,
     )
 
 
@@ -694,25 +700,26 @@ def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[st
 
 def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: int, paths: Sequence[str],
           seed: int | None, pids: Sequence[int] = (),
-          think_ms: float = 0.0) -> tuple[Any, tuple[int, int], tuple[float, float, float]]:
-    """(the load's result, its wall-clock window, the (user, system, loop) CPU seconds ``pids`` spent in it)."""
+          think_ms: float = 0.0) -> tuple[Any, tuple[int, int], tuple[float, float, float, float]]:
+    """(the load's result, its wall-clock window, the (user, system, loop) CPU seconds ``pids`` spent in it and
+    the seconds their loops were preempted, :func:`preempted_s`)."""
     from examples.forum.load import run_load_subprocess
 
     try:
         if warmup:
             run_load_subprocess(url, users=users, requests=warmup, paths=tuple(paths), seed=seed)
-        cpu0 = cpu_s(pids)
+        cpu0, pre0 = cpu_s(pids), loop_switches(pids)
         begin = time.time_ns()
         result = run_load_subprocess(url, users=users, requests=requests, duration_s=max_duration_s,
                                      paths=tuple(paths), seed=None if seed is None else seed + 1,
                                      think_ms=think_ms)
         end = time.time_ns()
-        cpu1 = cpu_s(pids)
+        cpu1, pre1 = cpu_s(pids), loop_switches(pids)
     except RuntimeError as exc:
         raise GroundTruthError(str(exc)) from None
     if not result.latencies_ms:
         raise GroundTruthError(f"no request succeeded: {'; '.join(result.error_examples) or 'no answer'}")
-    return result, (begin, end), (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], cpu1[2] - cpu0[2])
+    return result, (begin, end), (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], cpu1[2] - cpu0[2], preempted_s(pre0, pre1))
 
 
 def cpu_s(pids: Sequence[int]) -> tuple[float, float, float]:
@@ -741,6 +748,49 @@ def cpu_s(pids: Sequence[int]) -> tuple[float, float, float]:
 def loop_cpu_s(pids: Sequence[int]) -> float:
     """CPU seconds the event loops of ``pids`` have been held so far (:func:`cpu_s`)."""
     return cpu_s(pids)[2]
+
+
+def loop_switches(pids: Sequence[int]) -> tuple[float, int, int]:
+    """(seconds waiting to run, voluntary switches, involuntary switches) of the main threads of ``pids`` so far.
+
+    ``/proc/PID/task/PID/schedstat`` gives the thread's time on a run queue; ``sched`` its switches, voluntary
+    (it slept: in ``epoll_wait``) and involuntary (another thread took its core). Zeros where ``/proc`` has no
+    such files (not Linux, or no schedstats) or the process is gone.
+    """
+    wait = 0.0
+    voluntary = involuntary = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+                wait_ns = int(f.read().split()[1])
+            counts: dict[str, int] = {}
+            with open(f"/proc/{pid}/task/{pid}/sched") as f:
+                for line in f:
+                    name, _, value = line.partition(":")
+                    if name.strip() in ("nr_voluntary_switches", "nr_involuntary_switches"):
+                        counts[name.strip()] = int(float(value))
+        except (OSError, ValueError, IndexError):
+            continue
+        wait += wait_ns / 1e9
+        voluntary += counts.get("nr_voluntary_switches", 0)
+        involuntary += counts.get("nr_involuntary_switches", 0)
+    return wait, voluntary, involuntary
+
+
+def preempted_s(before: tuple[float, int, int], after: tuple[float, int, int]) -> float:
+    """Seconds the loops spent preempted between two :func:`loop_switches` readings: ready to run while another
+    thread held their core, time the loop had work and could not do it.
+
+    The wait after a wake-up is already in the recorded durations of the calls it ends, so only the involuntary
+    switches' share of the wait is counted, on the estimate that their waits are alike (the kernel does not
+    split the sum).
+
+    >>> preempted_s((1.0, 10, 10), (1.3, 12, 18))
+    0.24
+    """
+    wait, voluntary, involuntary = (b - a for a, b in zip(before, after, strict=True))
+    switches = voluntary + involuntary
+    return round(max(wait, 0.0) * involuntary / switches, 12) if switches > 0 else 0.0
 
 
 def _requests(files: Sequence[str]) -> list[Any]:

@@ -357,6 +357,20 @@ def test_calibrate_fits_each_user_routes_waits_to_its_latency_without_the_collec
         calibrate([a], ["GET /a"], 1.5, {})
 
 
+def test_calibrate_counts_the_loops_preempted_time_as_demand() -> None:
+    # 2 ms of CPU recorded, 1 ms measured without the collector, and 0.5 ms during which the loop's thread was
+    # ready but preempted: the loop is unavailable 1.5 ms per request (scale 0.75), and 10 users of a 1 ms call
+    # after it saturate it at 10 x 1.5 ms
+    g = chain("GET /", compute("c", 2.0), io("x", 1.0))
+    graphs, cal = calibrate([g], ["GET /"], 1.0, {"GET /": [2.5]}, preempted_ms=0.5)
+    assert cal.demand.process_ms == pytest.approx(1.5) and cal.demand.cpu_scale == pytest.approx(0.75)
+    assert mean_latency(graphs, "load:10") == pytest.approx(15.0, rel=0.01)
+    plain, _ = calibrate([g], ["GET /"], 1.0, {"GET /": [2.5]})
+    assert mean_latency(plain, "load:10") == pytest.approx(10.0, rel=0.01)
+    with pytest.raises(ValueError, match="preempted_ms must be non-negative"):
+        calibrate([g], ["GET /"], 1.0, {"GET /": [2.5]}, preempted_ms=-1.0)
+
+
 def sqlite_call(node_id: str, ms: float, count: int = 20) -> Node:
     return Node(node_id, NodeKind.IO, (ms,) * count, api="sqlite SELECT", resource="sqlite:////tmp/forum.db",
                 system="sqlite", round_trips=(0,) * count)

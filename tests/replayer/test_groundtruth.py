@@ -20,10 +20,12 @@ from replayer.groundtruth import (
     cpu_s,
     deploy,
     loop_cpu_s,
+    loop_switches,
     measure,
     measure_idle,
     measure_paired,
     measured_requests,
+    preempted_s,
     route_of,
 )
 
@@ -78,6 +80,50 @@ class TestLoopCpu:
             assert loop >= user
         else:
             assert loop == pytest.approx(user + system, abs=0.02)
+
+
+_SPIN_ON_CORE_0 = """
+import os, sys, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    if sys.argv[2] == "sleep":
+        time.sleep(0.005)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir() or not hasattr(os, "sched_setaffinity"),
+                    reason="needs Linux's /proc and sched_setaffinity")
+class TestPreempted:
+    def test_a_thread_sharing_its_core_with_a_busy_one_is_preempted(self) -> None:
+        # two busy processes on one core: each runs about half the time and waits, preempted, the other half
+        procs = [subprocess.Popen([sys.executable, "-c", _SPIN_ON_CORE_0, "1.5", "spin"], stdout=subprocess.PIPE,
+                                  text=True) for _ in range(2)]
+        try:
+            time.sleep(0.3)
+            before = loop_switches([procs[0].pid])
+            time.sleep(0.8)
+            waited = preempted_s(before, loop_switches([procs[0].pid]))
+        finally:
+            for proc in procs:
+                assert proc.stdout is not None and proc.stdout.readline() == "done\n"
+                proc.wait()
+        assert 0.2 < waited <= 0.8 + 0.05
+
+    def test_a_thread_that_sleeps_between_short_work_is_not_counted(self) -> None:
+        proc = subprocess.Popen([sys.executable, "-c", _SPIN_ON_CORE_0, "1.0", "sleep"], stdout=subprocess.PIPE,
+                                text=True)
+        try:
+            time.sleep(0.3)
+            before = loop_switches([proc.pid])
+            time.sleep(0.5)
+            waited = preempted_s(before, loop_switches([proc.pid]))
+        finally:
+            assert proc.stdout is not None and proc.stdout.readline() == "done\n"
+            proc.wait()
+        assert 0.0 <= waited < 0.05
+        assert loop_switches([proc.pid]) == (0.0, 0, 0)  # gone: nothing to read, nothing counted
 
 
 class TestApplied:
