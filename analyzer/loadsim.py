@@ -931,9 +931,9 @@ def calibrate(
     graphs
         Every graph of the collected light run (in-process services' routes included).
     routes
-        The routes the users request: the waits of each route's graphs are scaled so that its one-user
-        simulation has the mean latency it had without the collector (:func:`fit_wait_scale`); other routes'
-        graphs take the mean of those scales, weighted by requests.
+        The routes the users request: the waits of each route's graphs are scaled so that its simulation at
+        the light run's load has the mean latency it had without the collector (:func:`fit_wait_scale`); other
+        routes' graphs take the mean of those scales, weighted by requests.
     process_cpu_ms
         The CPU per user request the process's event loop is held for without the collector
         (:func:`background_demand`): every thread's user time (the GIL's demand) and the loop thread's system
@@ -947,8 +947,9 @@ def calibrate(
         Time per user request the loop's thread was preempted in that run, ready to run while another thread
         held its core (``replayer.groundtruth.preempted_s``). The loop cannot serve anything meanwhile, so it
         counts as demand beside the CPU. On the example, where the app shares two cores with its backends, the
-        blob service and the load client, it was about a fifth of the loop's CPU at every load, and leaving it
-        out predicted 16 users 12-22% low (docs/whatif.md).
+        blob service and the load client, it was a fifth to a quarter of the loop's CPU at 1 and at 16 users
+        with PostgreSQL (an eighth with SQLite), and leaving it out predicted 16 users 10-18% low
+        (docs/whatif.md).
     users
         The light load's users (1: as the baseline is recorded).
     samples

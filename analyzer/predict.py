@@ -641,8 +641,8 @@ def _uncontended(graphs: Sequence[CausalGraph]) -> dict[tuple[str, str], float]:
     by: dict[tuple[str, str], list[float]] = {}
     for graph in graphs:
         for node in graph.nodes:
-            queued = node.extra.get("queued_ms")
-            if node.kind is not NodeKind.IO or not isinstance(queued, list) or len(queued) != len(node.samples_ms):
+            queued = node.extra.get("queued_ms")  # one per request when present (CausalGraph.validate)
+            if node.kind is not NodeKind.IO or queued is None:
                 continue
             free = [d for d, q in zip(node.samples_ms, queued, strict=True) if q <= 0.0]
             by.setdefault((node.resource, node.api), []).extend(free)
@@ -666,9 +666,9 @@ def _answer_waited(graph: CausalGraph, node: Node, durations: FloatArray,
     of those calls, :func:`_uncontended`), so what the call took beyond that bounds it too. The call's own CPU
     (the client library's) stays. Zero without either (graphs from an older collector, no such calls).
     """
-    queued = node.extra.get("queued_ms")
+    queued = node.extra.get("queued_ms")  # one per recorded request when present (CausalGraph.validate)
     base = _typical_of(node, typical)
-    if base is None or not isinstance(queued, list) or len(queued) != durations.size:
+    if base is None or queued is None:
         return np.zeros_like(durations)
     cpu = np.minimum(_array(graph, node, "cpu_ms"), durations) if len(node.cpu_ms) == durations.size else 0.0
     room = np.minimum(durations - base, durations - cpu)

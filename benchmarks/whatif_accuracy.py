@@ -274,12 +274,15 @@ def _calibrated(graphs: list[Any], lights: list[GroundTruth]) -> tuple[list[Any]
     route the client-side latencies.
     """
     counts = [sum(len(v) for v in t.client_ms.values()) for t in lights]
-    # recordings made before GroundTruth.loop_cpu_ms: the app's user + system CPU (its one thread, the loop's)
-    loop = [getattr(t, "loop_cpu_ms", 0.0) or sum(t.app_cpu_ms) for t in lights]
-    loop_ms = sum(x * n for x, n in zip(loop, counts, strict=True)) / max(sum(counts), 1)
-    # recordings made before GroundTruth.loop_preempted_ms: none counted
-    preempted = [getattr(t, "loop_preempted_ms", 0.0) for t in lights]
-    preempted_ms = sum(x * n for x, n in zip(preempted, counts, strict=True)) / max(sum(counts), 1)
+
+    def per_request(values: list[float]) -> float:
+        """The runs' per-request figures pooled: weighted by their requests."""
+        return sum(x * n for x, n in zip(values, counts, strict=True)) / max(sum(counts), 1)
+
+    # recordings made before GroundTruth.loop_cpu_ms: the app's user + system CPU (its one thread, the loop's);
+    # before GroundTruth.loop_preempted_ms: none counted
+    loop_ms = per_request([getattr(t, "loop_cpu_ms", 0.0) or sum(t.app_cpu_ms) for t in lights])
+    preempted_ms = per_request([getattr(t, "loop_preempted_ms", 0.0) for t in lights])
     without = {r: [x for t in lights for x in t.client_ms.get(r, ())] for r in ROUTES}
     out, calibration = calibrate(graphs, ROUTES, loop_ms, without, preempted_ms=preempted_ms)
     return out, calibration.describe()

@@ -785,12 +785,12 @@ def preempted_s(before: tuple[float, int, int], after: tuple[float, int, int]) -
     switches' share of the wait is counted, on the estimate that their waits are alike (the kernel does not
     split the sum).
 
-    >>> preempted_s((1.0, 10, 10), (1.3, 12, 18))
-    0.24
+    >>> preempted_s((1.0, 10, 10), (1.5, 12, 18))
+    0.4
     """
     wait, voluntary, involuntary = (b - a for a, b in zip(before, after, strict=True))
     switches = voluntary + involuntary
-    return round(max(wait, 0.0) * involuntary / switches, 12) if switches > 0 else 0.0
+    return max(wait, 0.0) * involuntary / switches if switches > 0 else 0.0
 
 
 def _requests(files: Sequence[str]) -> list[Any]:
