@@ -21,7 +21,8 @@ profiled median latency when the graphs do not hold the route): a short step wok
 slow, but does not pay a whole request's warm-up. The load simulation (:mod:`analyzer.loadsim`) knows the loop's idle
 gap before every piece of work; it charges each piece what its gap adds under the scenario minus what its gap
 in the same request added under the baseline, so what the recorded durations already hold is not counted
-twice.
+twice. Gaps a little work apart add up there: a gap before the last one's ``span_ms`` of work is done is priced
+with that gap's idle in the share of the work left.
 
 Measured from outside the app (``perfcast profile --http URL --idle 5,10,20``), a profile also holds the
 client's own wake-up;
