@@ -430,8 +430,8 @@ class _WakeCost:
     the profile's requests did (a short step after a gap runs slow, but does not pay for a whole request's
     warm-up). A gap that comes before that work is done is priced together with the idle still behind it (the
     earlier gap, in the share of its cold work left): a host idle for 10 ms, awake for 0.2 ms and idle for 10 ms
-    again is about as cold as after one 20 ms spell. The quantile of each gap is a hash of the work that ends it (workload, node, column, site), so
-    that both passes draw the same one.
+    again is about as cold as after one 20 ms spell. The quantile of each gap is a hash of the work that ends it
+    (workload, node, column, site), so that both passes draw the same one.
     """
 
     _MASK = (1 << 64) - 1

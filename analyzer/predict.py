@@ -242,7 +242,9 @@ def predict(
     # at any time, so each gets enough columns not to replay a handful of requests
     columns = {id(g): max(allocation[id(g)], min(samples, 4096) if scenario.needs_simulation else 1)
                for g in graphs}
-    models = {id(g): node_durations(g, scenario, graphs, store, columns[id(g)], rng) for g in graphs}
+    typical = _uncontended(graphs, scenario)
+    models = {id(g): node_durations(g, scenario, graphs, store, columns[id(g)], rng, typical=typical)
+              for g in graphs}
     notes = _scenario_notes(scenario, graphs) + ([pool_note] if pool_note else [])
     if scenario.needs_simulation:
         from analyzer.loadsim import simulate_scenario
@@ -526,8 +528,16 @@ def node_durations(
     store: SupportsSelect | None,
     samples: int,
     rng: np.random.Generator,
+    *,
+    typical: Mapping[tuple[str, str], float] | None = None,
 ) -> NodeDurations:
-    """Each node's durations under ``scenario``, with where they came from (profile selection, section 4.3)."""
+    """Each node's durations under ``scenario``, with where they came from (profile selection, section 4.3).
+
+    ``typical``: :func:`_uncontended` of ``graphs`` (worked out here when not given; :func:`predict` works it
+    out once for all the graphs).
+    """
+    if typical is None:
+        typical = _uncontended(graphs, scenario)
     plan, base, baseline_sources = _compiled(graph)
     sources = list(baseline_sources)
     n = base.shape[1]
@@ -545,7 +555,7 @@ def node_durations(
         node = graph.node(node_id)
         notes: list[str] = []
         if node.kind is NodeKind.IO:
-            notes = _io_node(j, node, graph, scenario, graphs, store, idx, per_request, per_sample, rng)
+            notes = _io_node(j, node, graph, scenario, graphs, store, idx, per_request, per_sample, rng, typical)
         elif node.kind is NodeKind.COMPUTE and cpu:
             p = cpu[-1].cpu_pct / 100.0
             if node.cpu_ms and len(node.cpu_ms) == n:
@@ -626,18 +636,12 @@ def _need_store(store: SupportsSelect | None, scenario: Scenario, what: str) -> 
     return store
 
 
-_UNCONTENDED: weakref.WeakKeyDictionary[CausalGraph, tuple[tuple[int, ...], dict[tuple[str, str], float]]] = (
-    weakref.WeakKeyDictionary())
-
-
-def _uncontended(graphs: Sequence[CausalGraph]) -> dict[tuple[str, str], float]:
+def _uncontended(graphs: Sequence[CausalGraph], scenario: Scenario) -> dict[tuple[str, str], float]:
     """How soon an answer can come: the 10th percentile of the recorded durations of the io calls whose answer
     did not wait for the loop (``queued_ms`` 0), per (resource, api) with 20 such calls or more, and per
-    (resource, ""). Memoised per list of graphs (asked once per io node)."""
-    key = tuple(map(id, graphs))
-    hit = _UNCONTENDED.get(graphs[0])
-    if hit is not None and hit[0] == key:
-        return hit[1]
+    (resource, ""). Only a location change asks (:func:`_answer_waited`): empty without one."""
+    if not any(isinstance(c, Location) for c in scenario.changes):
+        return {}
     by: dict[tuple[str, str], list[float]] = {}
     for graph in graphs:
         for node in graph.nodes:
@@ -647,9 +651,7 @@ def _uncontended(graphs: Sequence[CausalGraph]) -> dict[tuple[str, str], float]:
             free = [d for d, q in zip(node.samples_ms, queued, strict=True) if q <= 0.0]
             by.setdefault((node.resource, node.api), []).extend(free)
             by.setdefault((node.resource, ""), []).extend(free)
-    typical = {k: float(np.quantile(v, 0.1)) for k, v in by.items() if len(v) >= (1 if k[1] == "" else 20)}
-    _UNCONTENDED[graphs[0]] = (key, typical)
-    return typical
+    return {k: float(np.quantile(v, 0.1)) for k, v in by.items() if len(v) >= (1 if k[1] == "" else 20)}
 
 
 def _typical_of(node: Node, typical: Mapping[tuple[str, str], float]) -> float | None:
@@ -686,6 +688,7 @@ def _io_node(
     per_request: _CopyOnWrite,
     per_sample: dict[int, FloatArray],
     rng: np.random.Generator,
+    typical: Mapping[tuple[str, str], float],
 ) -> list[str]:
     notes: list[str] = []
     tiers = [c for c in scenario.changes if isinstance(c, Tier) and applies(c, node)]
@@ -745,7 +748,6 @@ def _io_node(
     if drawn is not None:
         per_sample[j] = drawn
     if locations and j not in per_sample:
-        typical = _uncontended(graphs)
         waited = _answer_waited(graph, node, per_request[j], typical)
         if waited.any():
             # a farther resource answers whole round trips later, after the work that kept the loop busy when the
