@@ -72,7 +72,13 @@ from analyzer.distribution import DagPlan, evaluate_plan
 from analyzer.errors import ProfileError
 from analyzer.graph import CausalGraph, Node, NodeKind, loop_cpu_ms
 from analyzer.scenario import Failure, Load, Scenario, Tier, applies, matches, route_matches
-from analyzer.wakeup import WakeProfile, wake_profile, with_route_work
+from analyzer.wakeup import (
+    WakeProfile,
+    service_profile_for,
+    service_wake_profiles,
+    wake_profile,
+    with_route_work,
+)
 
 if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
@@ -88,6 +94,10 @@ Wake = Callable[[int, int, int, int, float, float, int], float]
 """(workload, node position, column, site, the loop's idle gap before the work, the work, its CPU server) -> what
 the loop's coldness adds to the work (ms); site 0: a compute node, 1: an io call's CPU before its wait, 2: after
 it. Times in ms; called for every piece of loop work in time order, the gap 0 when the loop was busy."""
+ServiceWake = Callable[[int, int, int, int, float], float]
+"""(workload, node position, column, resource group, how long the resource had been idle) -> what its coldness
+adds to the io call (ms): the idle runs from the start of the group's call before (0 while another is in
+flight); called when the call's wait starts."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -155,6 +165,7 @@ def simulate(
     servers: int = 1,
     wake: Wake | None = None,
     gil_switch_ms: float = GIL_SWITCH_MS,
+    service_wake: ServiceWake | None = None,
 ) -> list[FloatArray]:
     """Latencies of ``completions`` user requests of ``users`` closed-loop users, per workload.
 
@@ -162,8 +173,8 @@ def simulate(
     times ``scale[g]`` (rounded up) is the concurrency level passed to ``adjust``. ``routes[i]`` lists the
     workloads (variants) of nested route ``i`` and their shares; ``servers`` is the number of FIFO CPU servers
     (event loops). ``wake`` is told the loop's idle gap before each piece of work that ends one and returns what
-    the gap adds to it (:mod:`analyzer.wakeup`). Latencies of nested requests are reported with their workload
-    too.
+    the gap adds to it (:mod:`analyzer.wakeup`); ``service_wake`` what a resource group's idle adds to the io
+    call that ends it. Latencies of nested requests are reported with their workload too.
 
     A ``threaded`` call's thread waits for the GIL when it takes the job and when it hands the answer back:
     while the loop's thread works, until the loop has no more queued work (it then blocks in ``epoll_wait`` and
@@ -200,6 +211,7 @@ def simulate(
     free = list(pool_sizes)
     waiting: list[deque[tuple[int, int]]] = [deque() for _ in pool_sizes]
     inflight = [0] * len(scale)
+    last_call = [-1.0] * len(scale)  # start of each resource group's latest call's wait (-1: none yet)
     # per request: workload, column, start time, remaining needs, CPU server, parent (request, node), depth
     req_kind: list[int] = []
     req_col: list[int] = []
@@ -287,6 +299,10 @@ def simulate(
         if g >= 0 and adjust is not None:
             level = math.ceil(inflight[g] * scale[g] - 1e-9)
             d = max(d + adjust(k, j, req_col[r], level), 0.0)
+        if g >= 0 and service_wake is not None:
+            idle = t - last_call[g] if inflight[g] <= 1 and last_call[g] >= 0 else 0.0
+            last_call[g] = t
+            d = max(d + service_wake(k, j, req_col[r], g, idle), 0.0)
         if w.threaded and w.threaded[j]:
             # the thread takes the job once it holds the GIL; phase 6 when its work is done
             push(max(t + gil_wait(r, t) + max(d - before - after, 0.0), floor), r, j, 6)
@@ -411,14 +427,19 @@ def simulate_scenario(
     of work is charged what its gap adds beyond what its recorded gap did.
     """
     profile = wake_profile(store) if store is not None and scenario.changes_calls else None
-    if profile is None:
+    services = service_wake_profiles(store) if store is not None and scenario.changes_calls else {}
+    if profile is None and not services:
         return _simulate_once(graphs, models, scenario, store, samples, rng)
-    profile, spread = with_route_work(profile, graphs)
-    cost = _WakeCost(profile, spread, int(rng.integers(2**62)))
+    spread = ""
+    if profile is not None:
+        profile, spread = with_route_work(profile, graphs)
+    cost = _WakeCost(profile, spread, int(rng.integers(2**62)), services)
     _simulate_once(graphs, [m.baseline() for m in models], scenario.without_call_changes(), store, samples,
-                   np.random.default_rng(int(rng.integers(2**62))), cost.cost(recording=True))
-    latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, cost.cost(recording=False))
-    notes.append(cost.describe())
+                   np.random.default_rng(int(rng.integers(2**62))), cost.cost(recording=True),
+                   cost.service_cost(recording=True))
+    latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, cost.cost(recording=False),
+                                      cost.service_cost(recording=False))
+    notes += cost.describe()
     return latencies, notes
 
 
@@ -432,17 +453,25 @@ class _WakeCost:
     earlier gap, in the share of its cold work left): a host idle for 10 ms, awake for 0.2 ms and idle for 10 ms
     again is about as cold as after one 20 ms spell. The quantile of each gap is a hash of the work that ends it
     (workload, node, column, site), so that both passes draw the same one.
+
+    The services' own (:func:`~analyzer.wakeup.service_wake_profiles`): each io call to a resource with a
+    profile is charged what the resource's idle before it adds, beyond what the call's recorded idle added.
     """
 
     _MASK = (1 << 64) - 1
 
-    def __init__(self, profile: WakeProfile, spread: str, salt: int) -> None:
+    def __init__(self, profile: WakeProfile | None, spread: str, salt: int,
+                 services: Mapping[str, WakeProfile] | None = None) -> None:
         self.profile = profile
         self.spread = spread
         self.salt = salt
+        self.services = dict(services or {})
+        self.resolved: dict[str, WakeProfile | None] = {}
         self.base: dict[tuple[int, int, int, int], list[float]] = {}
         self.charged = 0
         self.total_ms = 0.0
+        self.calls = 0
+        self.calls_ms = 0.0
 
     def _u(self, k: int, j: int, col: int, site: int) -> float:
         # splitmix64 finaliser: a uniform draw per place, the same in both passes, without a table per sample
@@ -452,9 +481,42 @@ class _WakeCost:
         x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & self._MASK
         return ((x ^ (x >> 31)) >> 11) / float(1 << 53)
 
-    def cost(self, *, recording: bool) -> Wake:
-        """One pass's callback for :func:`simulate` (its own warm-up state per loop)."""
-        span = self.profile.span_ms
+    def _beyond(self, key: tuple[int, int, int, int], extra: float, recording: bool) -> float:
+        """``extra`` less what the same piece of work was charged as recorded (the recording pass: 0)."""
+        if recording:
+            acc = self.base.setdefault(key, [0.0, 0.0])
+            acc[0] += extra
+            acc[1] += 1.0
+            return 0.0  # the recorded durations already hold it
+        acc = self.base.get(key)
+        return extra - acc[0] / acc[1] if acc is not None else extra
+
+    def service_cost(self, *, recording: bool) -> Callable[[int, int, int, str, float], float] | None:
+        """One pass's callback for the io calls of resources with a service wake-up profile, or None."""
+        if not self.services:
+            return None
+
+        def wake(k: int, j: int, col: int, resource: str, idle: float) -> float:
+            if resource not in self.resolved:
+                self.resolved[resource] = service_profile_for(resource, self.services)
+            profile = self.resolved[resource]
+            if profile is None:
+                return 0.0
+            extra = self._beyond((k, j, col, 4), profile.at(idle, self._u(k, j, col, 4)), recording)
+            if not recording and extra != 0.0:
+                self.calls += 1
+                self.calls_ms += extra
+            return extra
+
+        return wake
+
+    def cost(self, *, recording: bool) -> Wake | None:
+        """One pass's callback for :func:`simulate` (its own warm-up state per loop), or None without a profile
+        of the loop."""
+        if self.profile is None:
+            return None
+        profile = self.profile
+        span = profile.span_ms
         # server -> [cold work left (ms), extra per ms of it, idle behind the cold spell (ms)]
         cold: dict[int, list[float]] = {}
 
@@ -466,31 +528,32 @@ class _WakeCost:
                 # the profile gives +0.2 for 10 ms and +0.7 for 20). The idle of the spell before still counts
                 # in the share of its cold work not yet done.
                 idle = gap + state[2] * state[0] / span
-                owed = max(self.profile.at(idle, self._u(k, j, col, site)), state[0] * state[1])
+                owed = max(profile.at(idle, self._u(k, j, col, site)), state[0] * state[1])
                 state[0], state[1], state[2] = span, owed / span, idle
             part = min(d, state[0])
             state[0] -= part
-            extra = part * state[1]
-            key = (k, j, col, site)
-            if recording:
-                acc = self.base.setdefault(key, [0.0, 0.0])
-                acc[0] += extra
-                acc[1] += 1.0
-                return 0.0  # the recorded durations already hold it
-            acc = self.base.get(key)
-            if acc is not None:
-                extra -= acc[0] / acc[1]
-            if extra != 0.0:
+            extra = self._beyond((k, j, col, site), part * state[1], recording)
+            if not recording and extra != 0.0:
                 self.charged += 1
                 self.total_ms += extra
             return extra
 
         return wake
 
-    def describe(self) -> str:
-        return (f"wake-up: what the loop's idle gaps add to {self.spread} after them, from the "
-                f"{self.profile.how}, beyond what the same work's gaps as recorded cost "
-                f"({self.charged} pieces of work, {self.total_ms / max(self.charged, 1):+.3f} ms each on average)")
+    def describe(self) -> list[str]:
+        out = []
+        if self.profile is not None:
+            out.append(f"wake-up: what the loop's idle gaps add to {self.spread} after them, from the "
+                       f"{self.profile.how}, beyond what the same work's gaps as recorded cost ({self.charged} "
+                       f"pieces of work, {self.total_ms / max(self.charged, 1):+.3f} ms each on average)")
+        for resource, p in sorted(self.resolved.items()):
+            if p is not None:
+                out.append(f"service wake-up: what {resource}'s idle before a call adds to it, from the {p.how}, "
+                           f"beyond what the call's recorded idle did")
+        if self.services:
+            out.append(f"service wake-ups charged on {self.calls} calls, {self.calls_ms / max(self.calls, 1):+.3f} "
+                       f"ms each on average")
+        return out
 
 
 def _simulate_once(
@@ -501,8 +564,10 @@ def _simulate_once(
     samples: int,
     rng: np.random.Generator,
     wake: Wake | None = None,
+    service_wake: Callable[[int, int, int, str, float], float] | None = None,
 ) -> tuple[list[FloatArray], list[str]]:
-    """:func:`simulate_scenario`'s one pass; ``wake`` as for :func:`simulate`."""
+    """:func:`simulate_scenario`'s one pass; ``wake`` as for :func:`simulate`, ``service_wake`` too but told the
+    resource's name where :func:`simulate`'s is told its group."""
     load = scenario.load or Load(1)
     failures = [c for c in scenario.changes if isinstance(c, Failure)]
     notes: list[str] = []
@@ -527,6 +592,7 @@ def _simulate_once(
     backend = [f for f in failures if not f.is_app]
     group_ids: dict[str, int] = {}
     group_scale: list[float] = []
+    group_names: list[str] = []  # the resource of each group's first call, for service wake-up profiles
     failed_groups: dict[int, Failure] = {}
     for f in backend:
         endpoints = {n.resource for g in graphs for n in g.nodes if matches(f.resource, n)}
@@ -536,6 +602,7 @@ def _simulate_once(
         # count - 1 replicas instead of count, so a level L there is the profile's L * count / (count - 1).
         # Distinct endpoints were profiled one by one: the calls to all of them now share count - 1.
         group_scale.append((1.0 if len(endpoints) > 1 else count) / (count - 1))
+        group_names.append(next(iter(sorted(endpoints)), f.resource))
         failed_groups[gid] = f
         notes.append(f"failure: 1 of {count} replicas of {f.resource!r} fails; the {count - 1} left carry its calls"
                      f"{'' if f.replicas or len(endpoints) > 1 else ' (2 assumed: give ?replicas=R)'}")
@@ -602,6 +669,7 @@ def _simulate_once(
             if key not in group_ids:
                 group_ids[key] = len(group_scale)
                 group_scale.append(1.0)
+                group_names.append(node.resource)
             group.append(group_ids[key])
             if target < 0:
                 curves.register(gi, j, node, durations[j], model.idx)
@@ -664,6 +732,8 @@ def _simulate_once(
         pool_sizes=[limit for _, limit in load.pools], scale=group_scale,
         adjust=curves.adjust if curves.any else None, routes=nesting.routes, servers=nesting.servers, wake=wake,
         gil_switch_ms=GIL_SWITCH_MS,
+        service_wake=None if service_wake is None else (
+            lambda k, j, col, g, idle: service_wake(k, j, col, group_names[g], idle)),
     )
     return latencies, notes
 

@@ -66,7 +66,7 @@ from analyzer.scenario import (
     parse_scenario,
     target_of,
 )
-from analyzer.wakeup import wake_profile
+from analyzer.wakeup import service_wake_profiles, wake_profile
 
 __all__ = [
     "NodeDurations",
@@ -227,8 +227,10 @@ def predict(
     scenario, pool_note = _with_observed_pools(scenario, graphs)
     if store is not None:
         store = _MemoStore(store)
-        if not scenario.needs_simulation and scenario.changes_calls and wake_profile(store) is not None:
-            # the loop's idle gaps, which a wake-up profile prices, are known to the simulation only
+        if not scenario.needs_simulation and scenario.changes_calls and (
+                wake_profile(store) is not None or service_wake_profiles(store)):
+            # the loop's and the services' idle gaps, which wake-up profiles price, are known to the simulation
+            # only
             scenario = replace(scenario, changes=scenario.changes + (Load(users=1),))
     routes: dict[str, list[CausalGraph]] = {}
     for graph in graphs:

@@ -25,8 +25,19 @@ twice. Gaps a little work apart add up there: a gap before the last one's ``span
 with that gap's idle in the share of the work left.
 
 Measured from outside the app (``perfcast profile --http URL --idle 5,10,20``), a profile also holds the
-client's own wake-up;
-from the app's spans (server-side latencies of requests sent after pauses) it holds the app's alone.
+client's own wake-up, and the services' the app called.
+
+The services go cold too. A database or a blob service idle for 20 ms answers the app's next call 0.2 ms later
+(measured on the example app: PostgreSQL 0.35 -> 0.56 ms, the blob service 0.54 -> 0.74 ms; the loop's own steps
++0.21 ms in all), and what matters there is how long *that service* was idle, not the loop: under a +10 ms
+location change of the database the blob service idles through both queries of the post page, and its fetch
+measured +0.38 ms although the loop had just worked. From the spans of requests sent after pauses
+(:func:`add_wake_profiles`) the loop's part and each service's are therefore kept apart: the loop's profile
+(api ``wake``) times each request without its io calls, and a *service wake-up profile* (api ``wake service``,
+one per resource) times the first call to that resource in each request, keyed by how long the resource had
+been idle before it (from the start of the call before it to its start, as the simulation measures it: a
+service also waits out the added round trip of a location change). The simulation charges each io call what its
+resource's idle adds beyond what the same call's recorded idle did.
 """
 
 from __future__ import annotations
@@ -35,19 +46,39 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import numpy.typing as npt
 
 from analyzer.graph import CausalGraph, loop_cpu_ms
 from analyzer.profiles import ProfileKey
+from analyzer.spans import Request
 
-__all__ = ["WAKE_API", "WakeProfile", "add_wake_profile", "wake_profile", "with_route_work"]
+__all__ = [
+    "SERVICE_WAKE_API",
+    "WAKE_API",
+    "WakeProfile",
+    "add_wake_profile",
+    "add_wake_profiles",
+    "service_profile_for",
+    "service_wake_profiles",
+    "wake_profile",
+    "with_route_work",
+]
 
 FloatArray = npt.NDArray[np.float64]
 
 WAKE_API = "wake"
 """The api of wake-up profiles (parameterised by ``idle_ms``)."""
+
+SERVICE_WAKE_API = "wake service"
+"""The api of service wake-up profiles: a resource's first call after it idled ``idle_ms`` (its lowest level the
+reference)."""
+
+_MIN_SPREAD_MS = 5.0
+"""A service's idle levels must span this much for a profile of it: a resource called at one pace only (the
+second query of a step, always right after the first) says nothing about its idle."""
 
 _GRID = 200
 """Quantiles kept per idle gap (u = (i + 0.5) / 200)."""
@@ -58,7 +89,7 @@ class WakeProfile:
     """What an idle gap adds to the loop work after it, per measured gap."""
 
     idle_ms: FloatArray
-    """``(m,)`` increasing idle gaps, starting at 0."""
+    """``(m,)`` increasing idle gaps: the first, the reference (0 for the loop), costs nothing."""
     extra_ms: FloatArray
     """``(m, 200)``: ``Q_g(u) - Q_0(u)`` at each gap on the grid ``u = (i + 0.5) / 200`` (row 0: zeros)."""
     how: str
@@ -78,17 +109,17 @@ class WakeProfile:
     def at(self, gap_ms: float, u: float) -> float:
         """What an idle gap of ``gap_ms`` adds to the loop work after it, at the uniform quantile ``u``.
 
-        Linear in the gap between measured gaps, the largest gap's extra above them, nothing for a gap <= 0.
-        Plain Python: the simulation asks once per piece of work.
+        Linear in the gap between measured gaps, the largest gap's extra above them, nothing for a gap at or
+        below the first (the reference). Plain Python: the simulation asks once per piece of work.
 
         >>> p = WakeProfile(np.array([0.0, 10.0, 20.0]), np.vstack([np.zeros(200), np.full(200, 0.4),
         ...                                                         np.full(200, 0.6)]), "")
         >>> [round(p.at(g, 0.5), 3) for g in (-1.0, 0.0, 5.0, 10.0, 15.0, 40.0)]
         [0.0, 0.0, 0.2, 0.4, 0.5, 0.6]
         """
-        if gap_ms <= 0.0:
-            return 0.0
         levels, rows = self._levels, self._rows
+        if gap_ms <= levels[0]:
+            return 0.0
         k = min(max(int(u * _GRID), 0), _GRID - 1)
         hi = min(max(bisect_left(levels, gap_ms), 1), len(levels) - 1)
         lo = hi - 1
@@ -110,6 +141,116 @@ def add_wake_profile(store: Any, resource: str, latencies: Mapping[float, Sequen
             raise ValueError(f"wake-up profile of {resource!r}: no latency measured {gap:g} ms apart")
     for gap, samples in sorted(latencies.items()):  # checked first: nothing half stored
         store.add(ProfileKey.make(WAKE_API, resource, {}, "idle_ms", gap), list(samples), note=note)
+
+
+def add_wake_profiles(
+    store: Any,
+    name: str,
+    measured: Mapping[float, Sequence[Request]],
+    every: Sequence[Request],
+    note: str = "",
+) -> list[str]:
+    """Store the loop's and the services' wake-up profiles from the spans of requests sent after pauses.
+
+    ``measured[g]``: the requests sent after a pause of ``g`` ms (0 included); ``every``: all the run's requests,
+    warm-ups too (a service's idle before a call runs from the start of the call to it before, whichever request
+    made that one). The loop's profile (api ``wake``, under ``name``, a route last as for
+    :func:`add_wake_profile`) holds each request's latency without the time an io call was in flight; each
+    resource's (api ``wake service``) the duration of the first call to it in each request, one level per
+    pause, at the median idle the resource had before those calls. A resource whose levels do not grow with the
+    pause, or span under 5 ms, gets none. Returns one line per profile stored, saying what it holds.
+    """
+    loop = {g: [_off_io_ms(r) for r in rs] for g, rs in measured.items()}
+    add_wake_profile(store, name, loop, note=note)
+    lines = [f"loop ({name}, without its io calls): " + ", ".join(
+        f"{np.median(x):.3f} ms at {g:g}" for g, x in sorted(loop.items()) if x)]
+    starts: dict[str, list[int]] = {}
+    for req in every:
+        for call in req.ios:
+            starts.setdefault(call.resource, []).append(call.start_ns)
+    for xs in starts.values():
+        xs.sort()
+    per: dict[str, dict[float, tuple[list[float], list[float]]]] = {}
+    for gap, reqs in measured.items():
+        for req in reqs:
+            seen: set[str] = set()
+            for call in sorted(req.ios, key=lambda c: c.start_ns):
+                if call.resource in seen or not call.resource:
+                    continue
+                seen.add(call.resource)
+                xs = starts.get(call.resource, [])
+                i = bisect_left(xs, call.start_ns)
+                if i == 0:
+                    continue  # the resource's first call of the run: its idle is not known
+                idle, took = per.setdefault(call.resource, {}).setdefault(float(gap), ([], []))
+                idle.append((call.start_ns - xs[i - 1]) / 1e6)
+                took.append((call.end_ns - call.start_ns) / 1e6)
+    for resource, by_gap in sorted(per.items()):
+        gaps = sorted(g for g, (idle, _) in by_gap.items() if idle)
+        levels = [round(float(np.median(by_gap[g][0])), 2) for g in gaps]
+        if len(levels) < 2 or any(b <= a for a, b in zip(levels, levels[1:])) or levels[-1] - levels[0] < \
+                _MIN_SPREAD_MS:
+            lines.append(f"service {resource}: no profile (idle {', '.join(f'{x:g}' for x in levels)} ms at "
+                         f"pauses {', '.join(f'{g:g}' for g in gaps)} ms)")
+            continue
+        for g, level in zip(gaps, levels, strict=True):
+            store.add(ProfileKey.make(SERVICE_WAKE_API, resource, {}, "idle_ms", level), by_gap[g][1], note=note)
+        lines.append(f"service {resource}: first call " + ", ".join(
+            f"{np.median(by_gap[g][1]):.3f} ms after {level:g} ms idle" for g, level in zip(gaps, levels, strict=True)))
+    return lines
+
+
+def _off_io_ms(req: Request) -> float:
+    """A request's latency (ms) less the time one of its io calls was in flight (the union of their spans)."""
+    busy, end = 0, req.start_ns
+    for call in sorted(req.ios, key=lambda c: c.start_ns):
+        lo, hi = max(call.start_ns, end, req.start_ns), min(call.end_ns, req.end_ns)
+        if hi > lo:
+            busy += hi - lo
+        end = max(end, call.end_ns)
+    return max(req.end_ns - req.start_ns - busy, 0) / 1e6
+
+
+def service_wake_profiles(store: Any) -> dict[str, WakeProfile]:
+    """The service wake-up profiles of ``store``, by resource: what an idle spell of that resource adds to the
+    call that ends it, against its first level (the calls made with no pause before their request)."""
+    keys = getattr(store, "keys", None)
+    if keys is None:
+        return {}
+    levels: dict[str, set[float]] = {}
+    for key in keys():
+        if key.api == SERVICE_WAKE_API and key.param == "idle_ms" and not key.labels:
+            levels.setdefault(key.resource, set()).add(key.value)
+    grid = (np.arange(_GRID) + 0.5) / _GRID
+    out = {}
+    for resource, values in sorted(levels.items()):
+        if len(values) < 2:
+            continue
+        idle = sorted(values)
+        q = [np.quantile(store.select(SERVICE_WAKE_API, resource, {}, "idle_ms", v).samples_ms, grid) for v in idle]
+        out[resource] = WakeProfile(np.asarray(idle, dtype=np.float64), np.vstack([row - q[0] for row in q]),
+                                    f"service wake-up profile of {resource} at idle "
+                                    f"{', '.join(f'{v:g}' for v in idle)} ms", max(float(q[0][_GRID // 2]), 1e-3),
+                                    resource)
+    return out
+
+
+def service_profile_for(resource: str, profiles: Mapping[str, WakeProfile]) -> WakeProfile | None:
+    """The service wake-up profile of ``resource``: its own, else the only one of the same system (a proxy's port
+    changes from one deployment to the next: ``postgresql://127.0.0.1:40195/test`` takes the profile measured as
+    ``postgresql://127.0.0.1:45123/test``), else None.
+
+    >>> p = WakeProfile(np.array([2.0, 20.0]), np.zeros((2, 200)), "")
+    >>> service_profile_for("postgresql://h:2/db", {"postgresql://h:1/db": p}) is p
+    True
+    >>> service_profile_for("blob", {"postgresql://h:1/db": p}) is None
+    True
+    """
+    if resource in profiles:
+        return profiles[resource]
+    system = urlsplit(resource).scheme.split("+")[0]
+    same = [p for name, p in profiles.items() if system and urlsplit(name).scheme.split("+")[0] == system]
+    return same[0] if len(same) == 1 else None
 
 
 def wake_profile(store: Any) -> WakeProfile | None:

@@ -70,7 +70,7 @@ from analyzer.profiling import (
     profile_target,
 )
 from analyzer.spans import process_cpu, read_spans
-from analyzer.wakeup import WAKE_API, add_wake_profile
+from analyzer.wakeup import SERVICE_WAKE_API, WAKE_API, add_wake_profiles
 from replayer.groundtruth import (
     BLOB_NAME,
     Applied,
@@ -198,9 +198,10 @@ def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: An
     """A wake-up profile of the app (:mod:`analyzer.wakeup`): its post page's server-side latency, one request
     at a time, after pauses of :data:`IDLE_MS`, from the spans of one collected run."""
     got = measure_idle(setup, IDLE_MS, requests=200, rounds=2, spans=work / "wake.jsonl", on_step=status)
-    add_wake_profile(store, "forum GET /post/{id}", got, note="whatif_accuracy: server-side latency after a pause")
-    status("wake-up profile: post page p50 " + ", ".join(
-        f"{np.median(got[g]):.2f} ms at {g:g}" for g in IDLE_MS))
+    every = read_spans(work / "wake.jsonl").requests
+    for line in add_wake_profiles(store, "forum GET /post/{id}", got, every,
+                                  note="whatif_accuracy: server-side latency after a pause"):
+        status(f"wake-up profile: {line}")
 
 
 class _WithoutWake:
@@ -210,7 +211,7 @@ class _WithoutWake:
         self.store = store
 
     def keys(self) -> list[ProfileKey]:
-        return [k for k in self.store.keys() if k.api != WAKE_API]
+        return [k for k in self.store.keys() if k.api not in (WAKE_API, SERVICE_WAKE_API)]
 
     def select(self, *args: Any, **kwargs: Any) -> Any:
         return self.store.select(*args, **kwargs)

@@ -215,10 +215,10 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
 def _wake_profile(setup: Any, out: Path, quick: bool, step: Any) -> Any:
     """A wake-up profile of the app (:mod:`analyzer.wakeup`) in ``out/profiles.db``: a delay leaves the loop idle
     longer before the work after each wait, and the first work after an idle spell runs slow on a VM."""
-    import numpy as np
 
     from analyzer.profiles import ProfileStore
-    from analyzer.wakeup import add_wake_profile
+    from analyzer.spans import read_spans
+    from analyzer.wakeup import add_wake_profiles
     from replayer.groundtruth import IDLE_MS, measure_idle
 
     path = out / "profiles.db"
@@ -229,8 +229,9 @@ def _wake_profile(setup: Any, out: Path, quick: bool, step: Any) -> Any:
     got = measure_idle(setup, IDLE_MS, requests=20 if quick else 80, rounds=2, spans=out / "wake.jsonl",
                        on_step=step)
     store = ProfileStore(path)
-    add_wake_profile(store, "forum GET /post/{id}", got, note="perfcast demo: server-side latency after a pause")
-    step("wake-up profile: post page p50 " + ", ".join(f"{np.median(got[g]):.2f} ms after {g:g}" for g in IDLE_MS))
+    for line in add_wake_profiles(store, "forum GET /post/{id}", got, read_spans(out / "wake.jsonl").requests,
+                                  note="perfcast demo: server-side latency after a pause"):
+        step(f"wake-up profile: {line}")
     return store
 
 

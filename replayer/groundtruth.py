@@ -668,9 +668,10 @@ def measure_idle(
     path: str = "/post/{n}",
     spans: str | os.PathLike[str],
     on_step: Callable[[str], None] | None = None,
-) -> dict[float, list[float]]:
-    """Server-side latencies (ms, from the spans) of requests for ``path`` sent one at a time, each after a
-    pause of ``idle_ms``: the data of a wake-up profile (:mod:`analyzer.wakeup`).
+) -> dict[float, list[Any]]:
+    """The requests (``analyzer.spans.Request``, from the spans) for ``path`` sent one at a time, each after a
+    pause of ``idle_ms``, by pause: the data of wake-up profiles (:func:`analyzer.wakeup.add_wake_profiles`;
+    ``spans`` holds the warm-ups' too).
 
     One deployment of the app under the collector; the pauses take turns, ``rounds`` times, ``requests / rounds``
     requests each, so that the machine's drift is shared by all of them.
@@ -686,7 +687,7 @@ def measure_idle(
                 _, window, _ = _load(d.url, 1, requests // rounds, 60.0, 5, (path,), setup.seed, think_ms=gap)
                 windows.setdefault(float(gap), []).append(window)
     requests = _requests(d.spans)  # read once, split by window
-    return {gap: [r.latency_ms for r in requests if any(_inside(r, w) for w in ws)] for gap, ws in windows.items()}
+    return {gap: [r for r in requests if any(_inside(r, w) for w in ws)] for gap, ws in windows.items()}
 
 
 def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[str]:

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
 
 from analyzer.predict import predict
 from analyzer.profiles import ProfileKey, ProfileStore
-from analyzer.wakeup import WAKE_API, WakeProfile, add_wake_profile, wake_profile
+from analyzer.spans import IoCall, Request
+from analyzer.wakeup import (
+    SERVICE_WAKE_API,
+    WAKE_API,
+    WakeProfile,
+    add_wake_profile,
+    add_wake_profiles,
+    service_profile_for,
+    service_wake_profiles,
+    wake_profile,
+)
 from tests.analyzer.test_predict import compute, graph, io, rng
 
 
@@ -134,3 +145,63 @@ def test_the_extra_is_spread_over_the_work_the_profiled_route_records(tmp_path: 
     assert spread.span_ms == pytest.approx(1.7) and "GET /" in how
     other, how = with_route_work(replace(profile, resource="http://app GET /other"), [chain()])
     assert other.span_ms == 1.0 and "median latency" in how
+
+
+def _request(trace: str, start: float, end: float, calls: list[tuple[float, float, str]]) -> Request:
+    """A post page from ``start`` to ``end`` ms with io calls (start ms, end ms, resource)."""
+    ios = tuple(IoCall(1, i, int(a * 1e6), int(b * 1e6), urlsplit(res).scheme or "http", "GET", res, 1, 0, 0)
+                for i, (a, b, res) in enumerate(calls))
+    return Request(trace, "GET /post/{id}", int(start * 1e6), int(end * 1e6), 1, {}, {}, ios)
+
+
+PG_URL = "postgresql://127.0.0.1:5432/test"
+
+
+def test_add_wake_profiles_keeps_the_loop_and_each_service_apart(tmp_path: Path) -> None:
+    # Each request: a first query, a second right after it (the same service, never idle long), a blob fetch.
+    # Back to back (r0 a warm-up, r1 and r2 measured), then two after 20 ms pauses, whose calls take longer.
+    def page(trace: str, t: float, slow: float, redis: bool = False) -> Request:
+        calls = [(t + 0.1, t + 0.6 + slow, PG_URL), (t + 0.7 + slow, t + 0.9 + slow, PG_URL),
+                 (t + 1.0 + slow, t + 1.5 + 2 * slow, "blob")]
+        if redis:
+            calls.append((t + 1.6 + 2 * slow, t + 1.7 + 2 * slow, "redis://127.0.0.1:6379/0"))
+        return _request(trace, t, t + 2.0 + 2 * slow, calls)
+
+    r0, r1, r2 = page("r0", 0.0, 0.0, True), page("r1", 2.0, 0.0, True), page("r2", 4.0, 0.0, True)
+    r3, r4 = page("r3", 26.0, 0.2), page("r4", 48.2, 0.2)
+    with ProfileStore(tmp_path / "p.db") as s:
+        lines = add_wake_profiles(s, "forum GET /post/{id}", {0.0: [r1, r2], 20.0: [r3, r4]}, [r0, r1, r2, r3, r4])
+        # the loop: the latency less the time a call was in flight (2.0 - 1.2 - 0.1 redis; 2.4 - 1.6)
+        loop = wake_profile(s)
+        assert loop is not None and loop.idle_ms.tolist() == [0.0, 20.0]
+        assert loop.at(20.0, 0.5) == pytest.approx(0.8 - 0.7, abs=1e-5)  # times are whole ns
+        services = service_wake_profiles(s)
+        # idle before each first call: from the start of the service's call before it (r2's second query at 4.7,
+        # r3's first at 26.1: 21.4 ms; back to back 2.1 - 0.7 = 1.4 ms; the blob 3.0 - 1.0 and 27.2 - 5.0 ms)
+        assert sorted(services) == ["blob", PG_URL]
+        assert services[PG_URL].idle_ms.tolist() == [1.4, 21.4] and services["blob"].idle_ms.tolist() == [2.0, 22.2]
+        assert services[PG_URL].at(21.4, 0.5) == pytest.approx(0.2, abs=1e-5) and services[PG_URL].at(1.0, 0.5) == 0.0
+        assert services["blob"].at(12.1, 0.5) == pytest.approx(0.1, abs=1e-5)  # half-way: half of the 0.2 ms
+        # Redis was only called back to back: one level, no profile, and the reason is given
+        assert any(line.startswith("service redis://127.0.0.1:6379/0: no profile") for line in lines)
+        assert {k.api for k in s.keys()} == {WAKE_API, SERVICE_WAKE_API}
+
+
+def test_a_service_idle_longer_under_the_scenario_answers_later(tmp_path: Path) -> None:
+    # a (Redis 1 ms) -> b (PostgreSQL 0.5 ms), one user back to back. Recorded, PostgreSQL idles 1.5 ms between
+    # the starts of its calls (at(1.5) = 0.01 ms, in the recorded durations); with Redis +10 ms, 11.5 ms plus b's
+    # own extra: e = at(11.5 + e) - 0.01 with at(x) = 0.02 (x - 1), so e = 0.2 / 0.98. No loop profile.
+    g = graph("GET /", [io("a", [1.0] * 4), io("b", [0.5] * 4, system="postgresql", api="postgresql SELECT")],
+              [("start", "a"), ("a", "b"), ("b", "end")])
+    pg = g.node("b").resource
+    with ProfileStore(tmp_path / "p.db") as s:
+        s.add(ProfileKey.make(SERVICE_WAKE_API, pg, {}, "idle_ms", 1.0), np.full(50, 0.5))
+        s.add(ProfileKey.make(SERVICE_WAKE_API, pg, {}, "idle_ms", 21.0), np.full(50, 0.9))
+        (p,) = predict([g], "location:redis=+10ms", s, samples=200, rng=rng())
+        (plain,) = predict([g], "location:redis=+10ms", None, samples=200, rng=rng())
+    np.testing.assert_allclose(plain.predicted.samples_ms, 11.5, atol=1e-9)
+    assert np.median(p.predicted.samples_ms) == pytest.approx(11.5 + 0.2 / 0.98, abs=1e-6)
+    assert any(n.startswith("service wake-up: what " + pg) for n in p.notes)
+    # a proxy on another port is the same service
+    other = pg.replace(urlsplit(pg).netloc, "127.0.0.1:1")
+    assert service_profile_for(other, {pg: WakeProfile(np.array([1.0, 21.0]), np.zeros((2, 200)), "")}) is not None

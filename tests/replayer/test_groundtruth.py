@@ -179,8 +179,10 @@ def test_idle_runs_pause_between_requests_and_keep_only_their_own_requests(tmp_p
     import time
 
     began = time.monotonic()
-    got = measure_idle(ForumSetup(seed=5), [0.0, 30.0], requests=12, rounds=2, spans=tmp_path / "wake.jsonl")
+    requests = measure_idle(ForumSetup(seed=5), [0.0, 30.0], requests=12, rounds=2, spans=tmp_path / "wake.jsonl")
     elapsed = time.monotonic() - began
+    assert {r.route for rs in requests.values() for r in rs} == {"GET /post/{id}"}
+    got = {g: [r.latency_ms for r in rs] for g, rs in requests.items()}
     # each pause level's requests, server-side (the 5 warm-up requests of each load are outside the windows)
     assert sorted(got) == [0.0, 30.0] and [len(got[g]) for g in (0.0, 30.0)] == [12, 12]
     # the pause is not part of a latency (had it been, every one would be 30 ms or more; a lone request can
