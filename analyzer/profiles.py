@@ -45,6 +45,7 @@ __all__ = [
     "baseline_profiles",
     "interpolate_quantiles",
     "parse_labels",
+    "resource_system",
 ]
 
 RTT_API = "rtt"
@@ -184,7 +185,8 @@ def _host_port(resource: str) -> str:
     return parts.netloc.rpartition("@")[2] if parts.scheme else ""
 
 
-def _system(resource: str) -> str:
+def resource_system(resource: str) -> str:
+    """The system a resource URL names (``postgresql`` for ``postgresql+asyncpg://...``), '' for a bare name."""
     return urlsplit(resource).scheme.split("+")[0]
 
 
@@ -350,7 +352,7 @@ class ProfileStore:
         tiers = (
             ("", lambda r: r == resource),
             ("same host:port", lambda r: bool(_host_port(r)) and _host_port(r) == _host_port(resource)),
-            ("same system", lambda r: bool(_system(r)) and _system(r) == _system(resource)),
+            ("same system", lambda r: bool(resource_system(r)) and resource_system(r) == resource_system(resource)),
             ("any resource", lambda r: True),
         )
         for how, matches in tiers:

@@ -46,13 +46,12 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 import numpy.typing as npt
 
 from analyzer.graph import CausalGraph, loop_cpu_ms
-from analyzer.profiles import ProfileKey
+from analyzer.profiles import ProfileKey, resource_system
 from analyzer.spans import Request
 
 __all__ = [
@@ -214,25 +213,10 @@ def _off_io_ms(req: Request) -> float:
 def service_wake_profiles(store: Any) -> dict[str, WakeProfile]:
     """The service wake-up profiles of ``store``, by resource: what an idle spell of that resource adds to the
     call that ends it, against its first level (the calls made with no pause before their request)."""
-    keys = getattr(store, "keys", None)
-    if keys is None:
-        return {}
-    levels: dict[str, set[float]] = {}
-    for key in keys():
-        if key.api == SERVICE_WAKE_API and key.param == "idle_ms" and not key.labels:
-            levels.setdefault(key.resource, set()).add(key.value)
-    grid = (np.arange(_GRID) + 0.5) / _GRID
-    out = {}
-    for resource, values in sorted(levels.items()):
-        if len(values) < 2:
-            continue
-        idle = sorted(values)
-        q = [np.quantile(store.select(SERVICE_WAKE_API, resource, {}, "idle_ms", v).samples_ms, grid) for v in idle]
-        out[resource] = WakeProfile(np.asarray(idle, dtype=np.float64), np.vstack([row - q[0] for row in q]),
-                                    f"service wake-up profile of {resource} at idle "
-                                    f"{', '.join(f'{v:g}' for v in idle)} ms", max(float(q[0][_GRID // 2]), 1e-3),
-                                    resource)
-    return out
+    return {resource: _stored(store, SERVICE_WAKE_API, resource, labels, levels,
+                              f"service wake-up profile of {resource} ")
+            for (resource, labels), levels in _stored_levels(store, SERVICE_WAKE_API).items()
+            if not labels and len(levels) >= 2}
 
 
 def service_profile_for(resource: str, profiles: Mapping[str, WakeProfile]) -> WakeProfile | None:
@@ -248,8 +232,8 @@ def service_profile_for(resource: str, profiles: Mapping[str, WakeProfile]) -> W
     """
     if resource in profiles:
         return profiles[resource]
-    system = urlsplit(resource).scheme.split("+")[0]
-    same = [p for name, p in profiles.items() if system and urlsplit(name).scheme.split("+")[0] == system]
+    system = resource_system(resource)
+    same = [p for name, p in profiles.items() if system and resource_system(name) == system]
     return same[0] if len(same) == 1 else None
 
 
@@ -258,26 +242,35 @@ def wake_profile(store: Any) -> WakeProfile | None:
 
     The first resource with a profile at ``idle_ms=0`` and at one gap or more is used.
     """
+    for (resource, labels), levels in _stored_levels(store, WAKE_API).items():
+        if 0.0 in levels and len(levels) >= 2:
+            return _stored(store, WAKE_API, resource, labels, levels,
+                           f"wake-up profile {resource} " if resource else "wake-up profile ")
+    return None
+
+
+def _stored_levels(store: Any, api: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], list[float]]:
+    """(resource, labels) -> the ``idle_ms`` levels ``store`` holds for ``api``, sorted; resources in order.
+    Empty for a store without ``keys()``."""
     keys = getattr(store, "keys", None)
     if keys is None:
-        return None
-    by_resource: dict[tuple[str, tuple[tuple[str, str], ...]], set[float]] = {}
+        return {}
+    levels: dict[tuple[str, tuple[tuple[str, str], ...]], set[float]] = {}
     for key in keys():
-        if key.api == WAKE_API and key.param == "idle_ms":
-            by_resource.setdefault((key.resource, key.labels), set()).add(key.value)
+        if key.api == api and key.param == "idle_ms":
+            levels.setdefault((key.resource, key.labels), set()).add(key.value)
+    return {k: sorted(v) for k, v in sorted(levels.items())}
+
+
+def _stored(store: Any, api: str, resource: str, labels: tuple[tuple[str, str], ...], levels: Sequence[float],
+            what: str) -> WakeProfile:
+    """The profile of ``resource`` at ``levels`` (sorted): each level's quantiles less the first level's, spread
+    over the first level's median until :func:`with_route_work` says otherwise; ``what`` begins its ``how``."""
     grid = (np.arange(_GRID) + 0.5) / _GRID
-    for (resource, labels), gaps in sorted(by_resource.items()):
-        if 0.0 not in gaps or len(gaps) < 2:
-            continue
-        levels = sorted(gaps)
-        q = [np.quantile(store.select(WAKE_API, resource, dict(labels), "idle_ms", g).samples_ms, grid)
-             for g in levels]
-        extra = np.vstack([row - q[0] for row in q])
-        where = f"{resource} " if resource else ""
-        return WakeProfile(np.asarray(levels, dtype=np.float64), extra,
-                           f"wake-up profile {where}at idle {', '.join(f'{g:g}' for g in levels)} ms",
-                           max(float(q[0][_GRID // 2]), 1e-3), resource)
-    return None
+    q = [np.quantile(store.select(api, resource, dict(labels), "idle_ms", v).samples_ms, grid) for v in levels]
+    return WakeProfile(np.asarray(levels, dtype=np.float64), np.vstack([row - q[0] for row in q]),
+                       f"{what}at idle {', '.join(f'{v:g}' for v in levels)} ms", max(float(q[0][_GRID // 2]), 1e-3),
+                       resource)
 
 
 def with_route_work(profile: WakeProfile, graphs: Sequence[CausalGraph]) -> tuple[WakeProfile, str]:
