@@ -244,6 +244,17 @@ class TestInterference:
         (p,) = predict([gather()], "interference:cpu=50", samples=500, rng=rng())
         np.testing.assert_allclose(p.predicted.samples_ms, 3.0 + 0.6 + 0.4 / 0.75)
 
+    def test_an_io_calls_own_cpu_stretches_and_its_wait_does_not(self) -> None:
+        # a 5 ms query of which 1.2 ms is the client library's work on the loop, then 1 ms of CPU: a neighbour
+        # busy 50% of the time makes both CPU parts 1 / 0.75 as long; the 3.8 ms wait stays
+        q = replace(io("q", [5.0] * 4, system="postgresql", api="postgresql SELECT posts"), cpu_ms=(1.2,) * 4)
+        g = graph("GET /", [q, compute("c", [1.0] * 4, cpu=[1.0] * 4)],
+                  [("start", "q"), ("q", "c"), ("c", "end")])
+        (p,) = predict([g], "interference:cpu=50", samples=100, rng=rng())
+        np.testing.assert_allclose(p.predicted.samples_ms, 3.8 + 1.2 / 0.75 + 1.0 / 0.75)
+        (source,) = [s for s in p.sources[0][1] if s.node == "q"]
+        assert source.source == "model" and "client library's work, 1.2 ms) x 1.33" in source.how
+
     def test_without_cpu_time_the_whole_segment_is_cpu(self) -> None:
         g = graph("GET /", [compute("c", [2.0] * 4)], [("start", "c"), ("c", "end")])
         (p,) = predict([g], "interference:cpu=75", samples=100, rng=rng())
