@@ -35,7 +35,6 @@ __all__ = [
     "Rows",
     "compile_dag",
     "evaluate_plan",
-    "ready_at",
     "prob_add",
     "prob_kth",
     "prob_max",
@@ -258,20 +257,6 @@ def _join(mode: int, k: int, rows: Sequence[FloatArray], out: FloatArray | None 
             op(out, r, out=out)
         return out
     return _kth_smallest(rows, k)
-
-
-def ready_at(plan: DagPlan, j: int, finish: Mapping[int, FloatArray], size: int) -> FloatArray:
-    """When node ``j`` may start: its predecessors' ``finish`` rows combined as it waits for them (the latest
-    for all, the first for any, the k-th smallest for k of them), as a new ``(size,)`` row; zeros for a node
-    without predecessors. :func:`evaluate_plan` does the same, reusing rows it may overwrite.
-    """
-    preds = plan.preds[j]
-    if not preds:
-        return np.zeros(size, dtype=np.float64)
-    rows = [finish[p] for p in preds]
-    if plan.mode[j] == _SINGLE:
-        return rows[0].copy()
-    return _join(plan.mode[j], plan.k[j], rows)
 
 
 def evaluate_plan(

@@ -40,6 +40,11 @@ on which the compute segments of *all* concurrent requests run one at a time. So
   share), the graphs' ``meta.background_cpu_ms`` per user request, is queued on the same server as background
   work spread over the io calls, off the requests' own paths (:func:`background_demand`), from two users per
   loop on (at one, the load the baseline is recorded at, the recorded durations hold its effect);
+- a CPU neighbour (``interference:cpu=P`` with CPU profiles in the store): every piece of loop work holds the
+  loop for the fair share (:func:`analyzer.predict.node_durations`; an io call's CPU too), and a piece the
+  simulated loop wakes up for, idle before it, takes the profiles' extra at the neighbour's phase instead
+  (:func:`_neighbour`): one wake-up serves every callback that is ready, so a fan-out whose answers arrive
+  together pays one, where the steps after io calls, decided from the graph, would each pay their own;
 - recorded durations can be calibrated to the app without the collector (``meta.cpu_scale`` for CPU,
   ``meta.wait_scale`` for the rest: :func:`with_background`).
 
@@ -59,6 +64,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -71,7 +77,8 @@ import numpy.typing as npt
 from analyzer.distribution import DagPlan, evaluate_plan
 from analyzer.errors import ProfileError
 from analyzer.graph import CausalGraph, Node, NodeKind, loop_cpu_ms
-from analyzer.scenario import Failure, Load, Scenario, Tier, applies, matches, route_matches
+from analyzer.interference import PERIOD_MS, cpu_slowdown, stretch_profile
+from analyzer.scenario import Failure, Interference, Load, Scenario, Tier, applies, matches, route_matches
 from analyzer.wakeup import (
     WakeProfile,
     service_profile_for,
@@ -94,6 +101,9 @@ Wake = Callable[[int, int, int, int, float, float, int], float]
 """(workload, node position, column, site, the loop's idle gap before the work, the work, its CPU server) -> what
 the loop's coldness adds to the work (ms); site 0: a compute node, 1: an io call's CPU before its wait, 2: after
 it. Times in ms; called for every piece of loop work in time order, the gap 0 when the loop was busy."""
+Neighbour = Callable[[float, float, float, float], float]
+"""(the loop's idle gap before a piece of work, the work (ms), when it starts in its request (ms), the request's
+phase draw) -> what a CPU neighbour adds to it beyond the fair share the work's duration holds already."""
 ServiceWake = Callable[[int, int, int, int, float], float]
 """(workload, node position, column, resource group, how long the resource had been idle) -> what its coldness
 adds to the io call (ms): the idle runs from the start of the group's call before (0 while another is in
@@ -166,6 +176,7 @@ def simulate(
     wake: Wake | None = None,
     gil_switch_ms: float = GIL_SWITCH_MS,
     service_wake: ServiceWake | None = None,
+    neighbour: Neighbour | None = None,
 ) -> list[FloatArray]:
     """Latencies of ``completions`` user requests of ``users`` closed-loop users, per workload.
 
@@ -220,6 +231,7 @@ def simulate(
     req_server: list[int] = []
     req_parent: list[tuple[int, int] | None] = []
     req_depth: list[int] = []
+    req_phase: list[float] = []
     done_count = 0
     issued = 0
 
@@ -239,6 +251,7 @@ def simulate(
         req_server.append(server)
         req_parent.append(parent)
         req_depth.append(depth)
+        req_phase.append(float(rng.random()) if neighbour is not None else 0.0)
         begin(len(req_kind) - 1, w.plan.start, t)
 
     def new_request(t: float) -> None:
@@ -255,11 +268,15 @@ def simulate(
 
     def woken(r: int, j: int, site: int, t: float, d: float) -> float:
         """``d`` plus what the loop's idle gap before this work (arriving at ``t``) adds to it."""
-        if wake is None:
+        if wake is None and neighbour is None:
             return d
         server = req_server[r]
-        gap = t - loop_free[server]
-        return max(d + wake(req_kind[r], j, req_col[r], site, gap if gap > 0 else 0.0, d, server), 0.0)
+        gap = max(t - loop_free[server], 0.0)
+        extra = wake(req_kind[r], j, req_col[r], site, gap, d, server) if wake is not None else 0.0
+        if neighbour is not None and loop_free[server] >= req_t0[r]:
+            # (the loop idle since before the request arrived: that wake-up comes before its server span starts)
+            extra += neighbour(gap, d, max(t, loop_free[server]) - req_t0[r], req_phase[r])
+        return max(d + extra, 0.0)
 
     def cpu_of(w: Workload, j: int, col: int) -> tuple[float, float]:
         if w.cpu_before is None or w.cpu_after is None:
@@ -428,8 +445,10 @@ def simulate_scenario(
     """
     profile = wake_profile(store) if store is not None and scenario.changes_calls else None
     services = service_wake_profiles(store) if store is not None and scenario.changes_calls else {}
+    neighbour, how = _neighbour(scenario, store)
     if profile is None and not services:
-        return _simulate_once(graphs, models, scenario, store, samples, rng)
+        latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, neighbour=neighbour)
+        return latencies, notes + how
     spread = ""
     if profile is not None:
         profile, spread = with_route_work(profile, graphs)
@@ -438,9 +457,47 @@ def simulate_scenario(
                    np.random.default_rng(int(rng.integers(2**62))), cost.cost(recording=True),
                    cost.service_cost(recording=True))
     latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, cost.cost(recording=False),
-                                      cost.service_cost(recording=False))
-    notes += cost.describe()
+                                      cost.service_cost(recording=False), neighbour)
+    notes += cost.describe() + how
     return latencies, notes
+
+
+def _neighbour(scenario: Scenario, store: SupportsSelect | None) -> tuple[Neighbour | None, list[str]]:
+    """A CPU neighbour's wake-up cost, charged where the simulated loop wakes from idle, or None.
+
+    The pieces of work hold the loop for the fair share (:func:`analyzer.predict.node_durations`); a piece the
+    loop wakes up for (its idle gap before it is positive) takes the CPU profiles' extra instead, at the
+    quantile of the neighbour's phase when it starts (:func:`analyzer.interference.phase_quantiles`). Decided
+    statically, every step after an io call would pay a wake-up, where one wake-up of the loop serves every
+    callback that is ready: the branches of a fan-out whose answers arrive together.
+    """
+    cpu = [c for c in scenario.changes if isinstance(c, Interference)]
+    profile = stretch_profile(store, cpu[-1].cpu_pct) if cpu and store is not None else None
+    if profile is None:
+        return None, []
+    factor = cpu_slowdown(cpu[-1].cpu_pct)
+    sizes, rows = profile.work_ms.tolist(), profile.extra_ms.tolist()
+    grid = len(rows[0])
+
+    def cost(gap: float, d: float, start: float, phase: float) -> float:
+        if gap <= 0.0 or d <= 0.0:
+            return 0.0
+        work = d / factor  # the piece's work at full speed (its duration holds the fair share)
+        u = phase - start / PERIOD_MS
+        k = min(int((u - math.floor(u)) * grid), grid - 1)
+        # analyzer.interference.extra_ms for one piece, in plain Python: the simulation asks once per piece
+        if len(sizes) == 1:
+            extra = rows[0][k] * max(work / sizes[0], 1.0)
+        elif work > sizes[-1]:
+            extra = rows[-1][k] * work / sizes[-1]
+        else:
+            hi = min(max(bisect_left(sizes, work), 1), len(sizes) - 1)
+            t = min(max((work - sizes[hi - 1]) / (sizes[hi] - sizes[hi - 1]), 0.0), 1.0)
+            extra = (1.0 - t) * rows[hi - 1][k] + t * rows[hi][k]
+        return extra - (factor - 1.0) * work
+
+    return cost, [f"interference: pieces of work the simulated loop wakes up for (idle before them) take the CPU "
+                  f"profiles' extra at the neighbour's phase instead of the fair share, from {profile.how}"]
 
 
 class _WakeCost:
@@ -565,6 +622,7 @@ def _simulate_once(
     rng: np.random.Generator,
     wake: Wake | None = None,
     service_wake: Callable[[int, int, int, str, float], float] | None = None,
+    neighbour: Neighbour | None = None,
 ) -> tuple[list[FloatArray], list[str]]:
     """:func:`simulate_scenario`'s one pass; ``wake`` as for :func:`simulate`, ``service_wake`` too but told the
     resource's name where :func:`simulate`'s is told its group."""
@@ -607,6 +665,8 @@ def _simulate_once(
         notes.append(f"failure: 1 of {count} replicas of {f.resource!r} fails; the {count - 1} left carry its calls"
                      f"{'' if f.replicas or len(endpoints) > 1 else ' (2 assumed: give ?replicas=R)'}")
 
+    neighbours = [c for c in scenario.changes if isinstance(c, Interference)]
+    stretch = cpu_slowdown(neighbours[-1].cpu_pct) if neighbours else 1.0
     nesting = _Nesting(graphs, models, load.nested, load.mix)
     curves = _Curves(store, scenario)
     ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = 0
@@ -625,6 +685,9 @@ def _simulate_once(
             if node.kind is NodeKind.IO and len(node.cpu_ms) == model.base.shape[1]:
                 io_cpu_nodes += 1
                 cpu_before[j], cpu_after[j] = _io_cpu(node, model.idx)
+                if stretch != 1.0:  # a CPU neighbour: as analyzer.predict stretched the call's duration
+                    cpu_before[j] *= stretch
+                    cpu_after[j] *= stretch
             ready = node.extra.get("ready_ms")
             if scale is not None and node.kind is NodeKind.IO:
                 # calibrated: the call's CPU is the process's own share only (the collector's cost taken out)
@@ -731,7 +794,7 @@ def _simulate_once(
         workloads, users, samples * max(user_routes, 1), rng, think_ms=load.think_ms,
         pool_sizes=[limit for _, limit in load.pools], scale=group_scale,
         adjust=curves.adjust if curves.any else None, routes=nesting.routes, servers=nesting.servers, wake=wake,
-        gil_switch_ms=GIL_SWITCH_MS,
+        gil_switch_ms=GIL_SWITCH_MS, neighbour=neighbour,
         service_wake=None if service_wake is None else (
             lambda k, j, col, g, idle: service_wake(k, j, col, group_names[g], idle)),
     )

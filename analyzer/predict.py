@@ -22,12 +22,12 @@ How each change turns into node durations (``--explain`` prints it for every nod
   else a linear cost model fitted on the baseline: ``d_i + b * (BYTES - payload_i)`` with the per-byte cost
   ``b`` the Theil-Sen slope of duration on payload (max of request and response bytes) over every recorded
   call of that api to that resource. That needs payloads that vary; otherwise a ProfileError says to profile.
-- ``interference:cpu=PCT``: a compute node gains what the store's CPU profiles say a neighbour at PCT adds
-  to its CPU time ``c_i``, drawn per sample at a quantile set by the neighbour's phase when the step starts
-  (:mod:`analyzer.interference`); without them ``c_i`` is
-  stretched by the fair-share :func:`~analyzer.interference.cpu_slowdown`. Its waiting part is unchanged;
-  without a CPU measurement the whole segment counts as CPU. An io call's own CPU on the loop (its
-  ``cpu_ms``) is stretched by the fair share; its wait is unchanged.
+- ``interference:cpu=PCT``: a compute node's CPU time ``c_i`` and an io call's own CPU on the loop (its
+  ``cpu_ms``) are stretched by the fair share :func:`~analyzer.interference.cpu_slowdown`, their waiting parts
+  unchanged (without a CPU measurement the whole segment counts as CPU). With CPU profiles in the store the
+  scenario is simulated (:mod:`analyzer.loadsim`), and a piece of work the simulated loop wakes up for (idle
+  before it) takes what the profiles say a neighbour at PCT adds to a wake-up and that much work instead, at
+  the quantile of the neighbour's phase when it starts (:mod:`analyzer.interference`).
 - timer nodes racing work (``timeout_ms`` set) take their timeout, whatever the recorded request did.
 """
 
@@ -47,11 +47,10 @@ from analyzer.distribution import (
     Rows,
     compile_dag,
     evaluate_plan,
-    ready_at,
 )
 from analyzer.errors import GraphError, ProfileError, ScenarioError
 from analyzer.graph import CausalGraph, Node, NodeKind
-from analyzer.interference import cpu_slowdown, extra_ms, phase_quantiles, stretch_profile
+from analyzer.interference import cpu_slowdown, stretch_profile
 from analyzer.scenario import (
     Failure,
     Interference,
@@ -228,10 +227,12 @@ def predict(
     scenario, pool_note = _with_observed_pools(scenario, graphs)
     if store is not None:
         store = _MemoStore(store)
-        if not scenario.needs_simulation and scenario.changes_calls and (
-                wake_profile(store) is not None or service_wake_profiles(store)):
-            # the loop's and the services' idle gaps, which wake-up profiles price, are known to the simulation
-            # only
+        neighbour = [c for c in scenario.changes if isinstance(c, Interference)]
+        if not scenario.needs_simulation and (
+                scenario.changes_calls and (wake_profile(store) is not None or service_wake_profiles(store))
+                or neighbour and stretch_profile(store, neighbour[-1].cpu_pct) is not None):
+            # the loop's and the services' idle gaps, which wake-up profiles price and where a CPU neighbour's
+            # wake-up latency falls, are known to the simulation only
             scenario = replace(scenario, changes=scenario.changes + (Load(users=1),))
     routes: dict[str, list[CausalGraph]] = {}
     for graph in graphs:
@@ -305,7 +306,9 @@ def _with_observed_pools(scenario: Scenario, graphs: Sequence[CausalGraph]) -> t
         for resource, limit in (graph.meta.get("pools") or {}).items():
             if isinstance(limit, int) and limit > 0:
                 pools[resource] = max(pools.get(resource, 0), limit)
-    touches_io = any(isinstance(c, (Location, Tier, Size, Failure)) for c in scenario.changes)
+    # interference too: it slows the loop's work, which a fan-out's calls queue for (their recorded durations
+    # hold that queueing at today's speed; the simulation queues them again)
+    touches_io = any(isinstance(c, (Location, Tier, Size, Failure, Interference)) for c in scenario.changes)
     if not pools or not (touches_io or scenario.load is not None):
         return scenario, ""
     load = scenario.load or Load(users=1)
@@ -549,11 +552,6 @@ def node_durations(
     per_sample: dict[int, FloatArray] = {}
     cpu = [c for c in scenario.changes if isinstance(c, Interference)]
     stretch = stretch_profile(store, cpu[-1].cpu_pct) if cpu and store is not None else None
-    phase = rng.random(samples) if stretch is not None else None
-    # with the neighbour's phase: each node's predicted finish per sample, so far (a step the neighbour delayed
-    # pushes the steps after it into a later phase); a row goes once its successors have read it
-    finish: dict[int, FloatArray] = {}
-    left = [len(graph.dag.succ[i]) for i in plan.ids]
     for j, node_id in enumerate(plan.ids):
         node = graph.node(node_id)
         notes: list[str] = []
@@ -569,32 +567,16 @@ def node_durations(
             else:
                 c = per_request[j].copy()
                 what = "whole segment (no CPU time recorded)"
-            if stretch is not None and phase is not None and _wakes(graph, node_id):
-                row = per_request[j][idx]
-                u = phase_quantiles(ready_at(plan, j, finish, samples), phase)
-                per_sample[j] = np.maximum(row + extra_ms(stretch, c[idx], u), 0.0)
-                notes = [f"interference: the loop wakes up for this step (after an io call or a timer): {what} + "
-                         f"what a neighbour busy {p:.0%} of the time adds to a wake-up and that much work, at "
-                         f"the quantile of the neighbour's phase when the step starts (as predicted: after "
-                         f"what it added to the steps before), from {stretch.how}"]
-            else:
-                factor = cpu_slowdown(cpu[-1].cpu_pct)
-                per_request[j] = per_request[j] + c * (factor - 1.0)
-                why = ("no CPU profile in the store: perfcast profile --cpu" if stretch is None else
-                       "the loop was already running: it follows another step without waiting")
-                notes = [f"interference: {what} x {factor:.3g} (fair share with a neighbour busy {p:.0%} of the "
-                         f"time; {why})"]
+            factor = cpu_slowdown(cpu[-1].cpu_pct)
+            per_request[j] = per_request[j] + c * (factor - 1.0)
+            why = ("no CPU profile in the store: perfcast profile --cpu" if stretch is None else
+                   "simulated: where the loop wakes up for it, the CPU profiles' extra at the neighbour's phase "
+                   "instead")
+            notes = [f"interference: {what} x {factor:.3g} (fair share with a neighbour busy {p:.0%} of the "
+                     f"time; {why})"]
         if notes:
             src = "profile" if j in per_sample else "model"
             sources[j] = NodeSource(node_id, node.kind.value, src, "; ".join(notes))
-        if phase is not None:
-            if left[j]:
-                took = per_sample[j] if j in per_sample else per_request[j][idx]
-                finish[j] = ready_at(plan, j, finish, samples) + took
-            for q in plan.preds[j]:
-                left[q] -= 1
-                if left[q] == 0:
-                    del finish[q]
     return NodeDurations(plan, base, per_request, per_sample, idx, tuple(sources))
 
 
@@ -603,8 +585,8 @@ def _io_cpu_stretch(j: int, graph: CausalGraph, node: Node, cpu_pct: float, per_
     """Interference on an io call's own CPU (the client library's work on the loop, the node's ``cpu_ms``).
 
     The fair share (:func:`~analyzer.interference.cpu_slowdown`), not the probes: the wake-up for the call's
-    answer is charged to the step the answer wakes (:func:`_wakes`), and what is left is work done by a running
-    loop. On the example's index page this CPU is 6.6 ms per request over 42 calls, beside 11.5 ms in its
+    answer is charged apart, to the piece of work the simulated loop wakes up for
+    (``analyzer.loadsim._neighbour``), and what is left is work done by a running loop. On the example's index page this CPU is 6.6 ms per request over 42 calls, beside 11.5 ms in its
     compute steps (collected); left unstretched, a neighbour at 50% was predicted 3.5-5.5 ms short on that
     page (benchmarks/whatif_accuracy.py, runs 36 and 37).
     """
@@ -615,19 +597,9 @@ def _io_cpu_stretch(j: int, graph: CausalGraph, node: Node, cpu_pct: float, per_
     else:
         per_request[j] = per_request[j] + c * (factor - 1.0)
     return (f"interference: the call's CPU on the loop (the client library's work, {float(np.mean(c)):.3g} ms) x "
-            f"{factor:.3g} (fair share with a neighbour busy {cpu_pct:g}% of the time; the loop is running: the "
-            "wake-up for the answer is charged to the step it wakes)")
+            f"{factor:.3g} (fair share with a neighbour busy {cpu_pct:g}% of the time; the wake-up for the answer is "
+            "charged apart)")
 
-
-_WAKERS = (NodeKind.IO, NodeKind.TIMER)
-
-
-def _wakes(graph: CausalGraph, node_id: str) -> bool:
-    """Whether an idle event loop wakes up to run this step: it follows an io call or a timer. A step after
-    another step (a spawned task's first, a gather's caller) runs on a loop that is already awake; so does one
-    after a future another step resolved. The wake-up for the request's arrival comes before its server span
-    starts, so the first step is not counted either."""
-    return any(graph.node(p).kind in _WAKERS for p in graph.dag.predecessors(node_id))
 
 
 class _CopyOnWrite:
