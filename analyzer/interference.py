@@ -34,7 +34,8 @@ Without profiles the engine falls back to :func:`cpu_slowdown`, and says so.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from bisect import bisect_left
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -104,6 +105,32 @@ class StretchProfile:
     """``(m, 200)``: ``Q_P(u) - Q_0(u)`` at each work size, on the grid ``u = (i + 0.5) / 200``."""
     how: str
     """Which profiles, for ``--explain``."""
+
+    _rows: list[list[float]] = field(init=False, repr=False, compare=False)
+    _sizes: list[float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_rows", self.extra_ms.tolist())
+        object.__setattr__(self, "_sizes", self.work_ms.tolist())
+
+    def at(self, work_ms: float, u: float) -> float:
+        """:func:`extra_ms` for one piece of work, in plain Python: the load simulation asks once per piece,
+        where a NumPy call's overhead would be most of the cost.
+
+        >>> p = StretchProfile(50.0, np.array([1.0, 4.0]), np.vstack([np.full(200, 0.5), np.full(200, 2.0)]), "")
+        >>> sizes = [0.2, 1.0, 2.5, 4.0, 8.0]
+        >>> [p.at(c, 0.5) for c in sizes] == extra_ms(p, sizes, [0.5] * 5).tolist()
+        True
+        """
+        sizes, rows = self._sizes, self._rows
+        k = min(max(int(u * _GRID), 0), _GRID - 1)
+        if len(sizes) == 1:
+            return rows[0][k] * max(work_ms / sizes[0], 1.0)
+        if work_ms > sizes[-1]:
+            return rows[-1][k] * work_ms / sizes[-1]
+        hi = min(max(bisect_left(sizes, work_ms), 1), len(sizes) - 1)
+        t = min(max((work_ms - sizes[hi - 1]) / (sizes[hi] - sizes[hi - 1]), 0.0), 1.0)
+        return (1.0 - t) * rows[hi - 1][k] + t * rows[hi][k]
 
 
 def stretch_profile(store: Any, cpu_pct: float) -> StretchProfile | None:

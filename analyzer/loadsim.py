@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -101,9 +100,9 @@ Wake = Callable[[int, int, int, int, float, float, int], float]
 """(workload, node position, column, site, the loop's idle gap before the work, the work, its CPU server) -> what
 the loop's coldness adds to the work (ms); site 0: a compute node, 1: an io call's CPU before its wait, 2: after
 it. Times in ms; called for every piece of loop work in time order, the gap 0 when the loop was busy."""
-Neighbour = Callable[[float, float, float, float], float]
-"""(the loop's idle gap before a piece of work, the work (ms), when it starts in its request (ms), the request's
-phase draw) -> what a CPU neighbour adds to it beyond the fair share the work's duration holds already."""
+Neighbour = Callable[[float, float, float], float]
+"""(a piece of work the loop wakes up for (ms), when it starts in its request (ms), the request's phase draw) ->
+what a CPU neighbour adds to it beyond the fair share the work's duration holds already."""
 ServiceWake = Callable[[int, int, int, int, float], float]
 """(workload, node position, column, resource group, how long the resource had been idle) -> what its coldness
 adds to the io call (ms): the idle runs from the start of the group's call before (0 while another is in
@@ -273,9 +272,9 @@ def simulate(
         server = req_server[r]
         gap = max(t - loop_free[server], 0.0)
         extra = wake(req_kind[r], j, req_col[r], site, gap, d, server) if wake is not None else 0.0
-        if neighbour is not None and loop_free[server] >= req_t0[r]:
-            # (the loop idle since before the request arrived: that wake-up comes before its server span starts)
-            extra += neighbour(gap, d, max(t, loop_free[server]) - req_t0[r], req_phase[r])
+        if neighbour is not None and gap > 0 and d > 0 and loop_free[server] >= req_t0[r]:
+            # woken from idle (not since before the request arrived: that wake-up precedes its server span)
+            extra += neighbour(d, t - req_t0[r], req_phase[r])
         return max(d + extra, 0.0)
 
     def cpu_of(w: Workload, j: int, col: int) -> tuple[float, float]:
@@ -476,25 +475,11 @@ def _neighbour(scenario: Scenario, store: SupportsSelect | None) -> tuple[Neighb
     if profile is None:
         return None, []
     factor = cpu_slowdown(cpu[-1].cpu_pct)
-    sizes, rows = profile.work_ms.tolist(), profile.extra_ms.tolist()
-    grid = len(rows[0])
 
-    def cost(gap: float, d: float, start: float, phase: float) -> float:
-        if gap <= 0.0 or d <= 0.0:
-            return 0.0
+    def cost(d: float, start: float, phase: float) -> float:
         work = d / factor  # the piece's work at full speed (its duration holds the fair share)
         u = phase - start / PERIOD_MS
-        k = min(int((u - math.floor(u)) * grid), grid - 1)
-        # analyzer.interference.extra_ms for one piece, in plain Python: the simulation asks once per piece
-        if len(sizes) == 1:
-            extra = rows[0][k] * max(work / sizes[0], 1.0)
-        elif work > sizes[-1]:
-            extra = rows[-1][k] * work / sizes[-1]
-        else:
-            hi = min(max(bisect_left(sizes, work), 1), len(sizes) - 1)
-            t = min(max((work - sizes[hi - 1]) / (sizes[hi] - sizes[hi - 1]), 0.0), 1.0)
-            extra = (1.0 - t) * rows[hi - 1][k] + t * rows[hi][k]
-        return extra - (factor - 1.0) * work
+        return profile.at(work, u - math.floor(u)) - (factor - 1.0) * work
 
     return cost, [f"interference: pieces of work the simulated loop wakes up for (idle before them) take the CPU "
                   f"profiles' extra at the neighbour's phase instead of the fair share, from {profile.how}"]
