@@ -205,3 +205,22 @@ def test_a_service_idle_longer_under_the_scenario_answers_later(tmp_path: Path) 
     # a proxy on another port is the same service
     other = pg.replace(urlsplit(pg).netloc, "127.0.0.1:1")
     assert service_profile_for(other, {pg: WakeProfile(np.array([1.0, 21.0]), np.zeros((2, 200)), "")}) is not None
+
+
+def test_under_load_a_busy_service_does_not_pay_the_wake_ups_recorded_at_one_user(tmp_path: Path) -> None:
+    # One PostgreSQL call of 4 ms per request. Recorded at one user back to back, each call starts 4 ms after the
+    # one before, so 0.4 ms of it was the service's wake-up (levels 1 and 2 ms: 0 and 0.4 ms of extra, 0.4 beyond).
+    # Two users: from the second call on, each starts while the other user's is in flight (idle 0): 3.6 ms.
+    g = graph("GET /", [io("b", [4.0] * 4, system="postgresql", api="postgresql SELECT")],
+              [("start", "b"), ("b", "end")])
+    pg = g.node("b").resource
+    with ProfileStore(tmp_path / "p.db") as s:
+        s.add(ProfileKey.make(SERVICE_WAKE_API, pg, {}, "idle_ms", 1.0), np.full(50, 0.5))
+        s.add(ProfileKey.make(SERVICE_WAKE_API, pg, {}, "idle_ms", 2.0), np.full(50, 0.9))
+        (busy,) = predict([g], "load:2", s, samples=200, rng=rng())
+        (one,) = predict([g], "load:1", s, samples=200, rng=rng())
+        (plain,) = predict([g], "load:2", None, samples=200, rng=rng())
+    np.testing.assert_allclose(busy.predicted.samples_ms, 3.6, atol=1e-9)
+    np.testing.assert_allclose(one.predicted.samples_ms, 4.0, atol=1e-9)  # as recorded: nothing to take back
+    np.testing.assert_allclose(plain.predicted.samples_ms, 4.0, atol=1e-9)
+    assert any("service wake-ups charged on" in n and "-0.400 ms each" in n for n in busy.notes)
