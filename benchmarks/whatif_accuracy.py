@@ -196,11 +196,12 @@ def _profile_cpu(store: ProfileStore, cpu_pct: float, budget_s: float = 5.0) -> 
 
 def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: Any) -> None:
     """A wake-up profile of the app (:mod:`analyzer.wakeup`): its post page's server-side latency, one request
-    at a time, after pauses of :data:`IDLE_MS`, from the spans of one collected run."""
+    at a time, after pauses of :data:`IDLE_MS`, from the spans of one collected run, with the warm-up before the
+    server span that the client-side latencies show."""
     got = measure_idle(setup, IDLE_MS, requests=200, rounds=2, spans=work / "wake.jsonl", on_step=status)
     every = read_spans(work / "wake.jsonl").requests
-    for line in add_wake_profiles(store, "forum GET /post/{id}", got, every,
-                                  note="whatif_accuracy: server-side latency after a pause"):
+    for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests, every,
+                                  note="whatif_accuracy: server-side latency after a pause", client_ms=got.client_ms):
         status(f"wake-up profile: {line}")
 
 

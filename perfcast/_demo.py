@@ -229,8 +229,9 @@ def _wake_profile(setup: Any, out: Path, quick: bool, step: Any) -> Any:
     got = measure_idle(setup, IDLE_MS, requests=20 if quick else 80, rounds=2, spans=out / "wake.jsonl",
                        on_step=step)
     store = ProfileStore(path)
-    for line in add_wake_profiles(store, "forum GET /post/{id}", got, read_spans(out / "wake.jsonl").requests,
-                                  note="perfcast demo: server-side latency after a pause"):
+    for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests,
+                                  read_spans(out / "wake.jsonl").requests,
+                                  note="perfcast demo: server-side latency after a pause", client_ms=got.client_ms):
         step(f"wake-up profile: {line}")
     return store
 

@@ -58,6 +58,7 @@ __all__ = [
     "GroundTruth",
     "GroundTruthError",
     "IDLE_MS",
+    "IdleRun",
     "Resource",
     "client_mix",
     "cpu_s",
@@ -659,6 +660,17 @@ IDLE_MS = (0.0, 5.0, 10.0, 20.0, 40.0)
 """Pauses (ms) before each request of a wake-up profile of the app (:func:`measure_idle`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class IdleRun:
+    """What :func:`measure_idle` measured, by pause (ms)."""
+
+    requests: dict[float, list[Any]]
+    """The requests (``analyzer.spans.Request``) from the spans: server-side."""
+    client_ms: dict[float, list[float]]
+    """The load client's latencies of the same requests: they also hold the app's reading and parsing of each
+    request, before its server span starts, where an app woken from idle warms up unseen by the spans."""
+
+
 def measure_idle(
     setup: ForumSetup,
     idle_ms: Sequence[float],
@@ -668,10 +680,9 @@ def measure_idle(
     path: str = "/post/{n}",
     spans: str | os.PathLike[str],
     on_step: Callable[[str], None] | None = None,
-) -> dict[float, list[Any]]:
-    """The requests (``analyzer.spans.Request``, from the spans) for ``path`` sent one at a time, each after a
-    pause of ``idle_ms``, by pause: the data of wake-up profiles (:func:`analyzer.wakeup.add_wake_profiles`;
-    ``spans`` holds the warm-ups' too).
+) -> IdleRun:
+    """The requests for ``path`` sent one at a time, each after a pause of ``idle_ms``, by pause: the data of
+    wake-up profiles (:func:`analyzer.wakeup.add_wake_profiles`; ``spans`` holds the warm-ups' too).
 
     One deployment of the app under the collector; the pauses take turns, ``rounds`` times, ``requests / rounds``
     requests each, so that the machine's drift is shared by all of them.
@@ -680,14 +691,18 @@ def measure_idle(
         raise ValueError("idle_ms must not be empty, rounds >= 1 and requests >= rounds")
     step = on_step or (lambda text: None)
     windows: dict[float, list[tuple[int, int]]] = {}
+    client: dict[float, list[float]] = {}
     with deploy(setup, spans=spans, on_step=on_step) as d:
         for k in range(rounds):
             for gap in idle_ms:
                 step(f"round {k + 1}: {requests // rounds} requests, {gap:g} ms apart")
-                _, window, _ = _load(d.url, 1, requests // rounds, 60.0, 5, (path,), setup.seed, think_ms=gap)
+                result, window, _ = _load(d.url, 1, requests // rounds, 60.0, 5, (path,), setup.seed,
+                                          think_ms=gap)
                 windows.setdefault(float(gap), []).append(window)
-    requests = _requests(d.spans)  # read once, split by window
-    return {gap: [r for r in requests if any(_inside(r, w) for w in ws)] for gap, ws in windows.items()}
+                client.setdefault(float(gap), []).extend(result.latencies_ms)
+    recorded = _requests(d.spans)  # read once, split by window
+    return IdleRun({gap: [r for r in recorded if any(_inside(r, w) for w in ws)] for gap, ws in windows.items()},
+                   client)
 
 
 def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[str]:

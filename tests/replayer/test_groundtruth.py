@@ -179,12 +179,15 @@ def test_idle_runs_pause_between_requests_and_keep_only_their_own_requests(tmp_p
     import time
 
     began = time.monotonic()
-    requests = measure_idle(ForumSetup(seed=5), [0.0, 30.0], requests=12, rounds=2, spans=tmp_path / "wake.jsonl")
+    run = measure_idle(ForumSetup(seed=5), [0.0, 30.0], requests=12, rounds=2, spans=tmp_path / "wake.jsonl")
     elapsed = time.monotonic() - began
-    assert {r.route for rs in requests.values() for r in rs} == {"GET /post/{id}"}
-    got = {g: [r.latency_ms for r in rs] for g, rs in requests.items()}
+    assert {r.route for rs in run.requests.values() for r in rs} == {"GET /post/{id}"}
+    got = {g: [r.latency_ms for r in rs] for g, rs in run.requests.items()}
     # each pause level's requests, server-side (the 5 warm-up requests of each load are outside the windows)
     assert sorted(got) == [0.0, 30.0] and [len(got[g]) for g in (0.0, 30.0)] == [12, 12]
+    # and the client's latencies of the same requests, which hold the server side and more
+    assert [len(run.client_ms[g]) for g in (0.0, 30.0)] == [12, 12]
+    assert all(sorted(run.client_ms[g])[6] > sorted(got[g])[6] for g in (0.0, 30.0))
     # the pause is not part of a latency (had it been, every one would be 30 ms or more; a lone request can
     # stall that long on a busy machine)
     assert all(x > 0 for xs in got.values() for x in xs)
