@@ -187,6 +187,14 @@ def test_add_wake_profiles_keeps_the_loop_and_each_service_apart(tmp_path: Path)
         assert {k.api for k in s.keys()} == {WAKE_API, SERVICE_WAKE_API}
 
 
+def service_store(path: Path, resource: str, levels: dict[float, float]) -> ProfileStore:
+    """A store with a service wake-up profile of ``resource``: idle level (ms) -> its calls' latency (ms)."""
+    s = ProfileStore(path)
+    for idle, ms in levels.items():
+        s.add(ProfileKey.make(SERVICE_WAKE_API, resource, {}, "idle_ms", idle), np.full(50, ms))
+    return s
+
+
 def test_a_service_idle_longer_under_the_scenario_answers_later(tmp_path: Path) -> None:
     # a (Redis 1 ms) -> b (PostgreSQL 0.5 ms), one user back to back. Recorded, PostgreSQL idles 1.5 ms between
     # the starts of its calls (at(1.5) = 0.01 ms, in the recorded durations); with Redis +10 ms, 11.5 ms plus b's
@@ -194,9 +202,7 @@ def test_a_service_idle_longer_under_the_scenario_answers_later(tmp_path: Path) 
     g = graph("GET /", [io("a", [1.0] * 4), io("b", [0.5] * 4, system="postgresql", api="postgresql SELECT")],
               [("start", "a"), ("a", "b"), ("b", "end")])
     pg = g.node("b").resource
-    with ProfileStore(tmp_path / "p.db") as s:
-        s.add(ProfileKey.make(SERVICE_WAKE_API, pg, {}, "idle_ms", 1.0), np.full(50, 0.5))
-        s.add(ProfileKey.make(SERVICE_WAKE_API, pg, {}, "idle_ms", 21.0), np.full(50, 0.9))
+    with service_store(tmp_path / "p.db", pg, {1.0: 0.5, 21.0: 0.9}) as s:
         (p,) = predict([g], "location:redis=+10ms", s, samples=200, rng=rng())
         (plain,) = predict([g], "location:redis=+10ms", None, samples=200, rng=rng())
     np.testing.assert_allclose(plain.predicted.samples_ms, 11.5, atol=1e-9)
@@ -214,9 +220,7 @@ def test_under_load_a_busy_service_does_not_pay_the_wake_ups_recorded_at_one_use
     g = graph("GET /", [io("b", [4.0] * 4, system="postgresql", api="postgresql SELECT")],
               [("start", "b"), ("b", "end")])
     pg = g.node("b").resource
-    with ProfileStore(tmp_path / "p.db") as s:
-        s.add(ProfileKey.make(SERVICE_WAKE_API, pg, {}, "idle_ms", 1.0), np.full(50, 0.5))
-        s.add(ProfileKey.make(SERVICE_WAKE_API, pg, {}, "idle_ms", 2.0), np.full(50, 0.9))
+    with service_store(tmp_path / "p.db", pg, {1.0: 0.5, 2.0: 0.9}) as s:
         (busy,) = predict([g], "load:2", s, samples=200, rng=rng())
         (one,) = predict([g], "load:1", s, samples=200, rng=rng())
         (plain,) = predict([g], "load:2", None, samples=200, rng=rng())
