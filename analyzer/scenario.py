@@ -181,10 +181,6 @@ class Scenario:
         """Some change (location, tier, size: :data:`Targeted`) makes calls take another time."""
         return any(isinstance(c, Targeted) for c in self.changes)
 
-    def without_call_changes(self) -> Scenario:
-        """The same scenario without its location, tier and size changes."""
-        return Scenario(self.name, tuple(c for c in self.changes if not isinstance(c, Targeted)))
-
 
 # --- parsing ----------------------------------------------------------------------------------------------------
 

@@ -225,12 +225,7 @@ def _outside_span_ms(measured: Mapping[float, Sequence[Request]],
     ref = excess(0.0)
     if ref is None:
         return {}
-    out = {}
-    for g in measured:
-        x = excess(g)
-        if x is not None:
-            out[float(g)] = 0.0 if g == 0.0 else x - ref
-    return out
+    return {float(g): x - ref for g in measured if (x := excess(g)) is not None}
 
 
 def _off_io_ms(req: Request) -> float:

@@ -217,7 +217,6 @@ def _wake_profile(setup: Any, out: Path, quick: bool, step: Any) -> Any:
     longer before the work after each wait, and the first work after an idle spell runs slow on a VM."""
 
     from analyzer.profiles import ProfileStore
-    from analyzer.spans import read_spans
     from analyzer.wakeup import add_wake_profiles
     from replayer.groundtruth import IDLE_MS, measure_idle
 
@@ -229,8 +228,7 @@ def _wake_profile(setup: Any, out: Path, quick: bool, step: Any) -> Any:
     got = measure_idle(setup, IDLE_MS, requests=20 if quick else 80, rounds=2, spans=out / "wake.jsonl",
                        on_step=step)
     store = ProfileStore(path)
-    for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests,
-                                  read_spans(out / "wake.jsonl").requests,
+    for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests, got.every,
                                   note="perfcast demo: server-side latency after a pause", client_ms=got.client_ms):
         step(f"wake-up profile: {line}")
     return store

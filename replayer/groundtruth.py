@@ -669,6 +669,9 @@ class IdleRun:
     client_ms: dict[float, list[float]]
     """The load client's latencies of the same requests: they also hold the app's reading and parsing of each
     request, before its server span starts, where an app woken from idle warms up unseen by the spans."""
+    every: list[Any]
+    """Every request the spans recorded, the warm-ups' too (a service's idle before a call runs from the call
+    to it before, whichever request made that one)."""
 
 
 def measure_idle(
@@ -682,7 +685,8 @@ def measure_idle(
     on_step: Callable[[str], None] | None = None,
 ) -> IdleRun:
     """The requests for ``path`` sent one at a time, each after a pause of ``idle_ms``, by pause: the data of
-    wake-up profiles (:func:`analyzer.wakeup.add_wake_profiles`; ``spans`` holds the warm-ups' too).
+    wake-up profiles (:func:`analyzer.wakeup.add_wake_profiles`; ``spans`` and ``IdleRun.every`` hold the
+    warm-ups' too).
 
     One deployment of the app under the collector; the pauses take turns, ``rounds`` times, ``requests / rounds``
     requests each, so that the machine's drift is shared by all of them.
@@ -702,7 +706,7 @@ def measure_idle(
                 client.setdefault(float(gap), []).extend(result.latencies_ms)
     recorded = _requests(d.spans)  # read once, split by window
     return IdleRun({gap: [r for r in recorded if any(_inside(r, w) for w in ws)] for gap, ws in windows.items()},
-                   client)
+                   client, recorded)
 
 
 def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[str]:

@@ -188,6 +188,9 @@ def test_idle_runs_pause_between_requests_and_keep_only_their_own_requests(tmp_p
     # and the client's latencies of the same requests, which hold the server side and more
     assert [len(run.client_ms[g]) for g in (0.0, 30.0)] == [12, 12]
     assert all(sorted(run.client_ms[g])[6] > sorted(got[g])[6] for g in (0.0, 30.0))
+    # every recorded request, the 5 warm-ups of each of the 4 loads too
+    assert len(run.every) == 24 + 4 * 5
+    assert {r.trace_id for rs in run.requests.values() for r in rs} <= {r.trace_id for r in run.every}
     # the pause is not part of a latency (had it been, every one would be 30 ms or more; a lone request can
     # stall that long on a busy machine)
     assert all(x > 0 for xs in got.values() for x in xs)
