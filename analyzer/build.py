@@ -366,9 +366,19 @@ class _Builder:
         labels = {st.awaits for st in task.steps}
         inline = [s for s in self.syncs[tid] if f"sync:{s.sync_id}" not in labels]
         cuts: list[tuple[int, str, SyncPoint]] = []
+        awaiting: dict[str, Step] = {}
+        for st in task.steps:
+            awaiting.setdefault(st.awaits, st)  # the first: a timed-out wait_for awaits again after the timer
         for sync in self.syncs[tid]:
             if sync.timeout_ns is not None:
-                cuts.append((sync.start_ns, "mark", sync))  # the timer starts at the call
+                # The timer starts at the call, which the step that then awaits the point made: kept inside
+                # that step (before its last nanosecond, so that the shape is that of any other request), since
+                # a step of the wall clock between the two readings (time_ns is not monotonic) would put the
+                # mark after the wait and make a cycle.
+                at = sync.start_ns
+                if (st := awaiting.get(f"sync:{sync.sync_id}")) is not None:
+                    at = min(max(at, st.start_ns), max(st.end_ns - 1, st.start_ns))
+                cuts.append((at, "mark", sync))
         for sync in inline:
             cuts.append((sync.end_ns, "inline", sync))
         cut_times = sorted({t for t, _, _ in cuts})

@@ -302,9 +302,10 @@ def _predict_by_round(spec: str, bases: list[GroundTruth], lights: list[GroundTr
 
     by_route: dict[str, list[Any]] = {}
     for k, (base, light) in enumerate(zip(bases, lights, strict=True)):
-        graphs = [g for g in build_graphs(_window_requests(base)) if g.route in ROUTES]
+        problems: list[str] = []
+        graphs = [g for g in build_graphs(_window_requests(base), problems=problems) if g.route in ROUTES]
         graphs, calibration = _calibrated(graphs, [light])
-        status(f"round {k + 1}: {calibration}")
+        status(f"round {k + 1}: {calibration}" + (f" ({len(problems)} left out: {problems[0]})" if problems else ""))
         for p in predict(graphs, spec, store, max(samples // len(bases), 1), rng):
             by_route.setdefault(p.route, []).append(p)
     return [replace(ps[0], predicted=Distribution.of(np.concatenate([p.predicted.samples_ms for p in ps])),

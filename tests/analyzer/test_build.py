@@ -127,14 +127,15 @@ def test_race_is_an_any_wait_and_the_winner_decides(tmp_path: Path) -> None:
     assert sync.extra["won_by"] == "root/wait#0[0]/c1"
 
 
-def wait_for_timed_out(second_label: str = "sync:30") -> Trace:
-    """3.11 asyncio.wait_for(coro, 2 ms): the coroutine runs in task 2, the timer fires at 2.29 ms."""
+def wait_for_timed_out(second_label: str = "sync:30", call_at: float = 0.29) -> Trace:
+    """3.11 asyncio.wait_for(coro, 2 ms): the coroutine runs in task 2, the timer fires at 2.29 ms; ``call_at``
+    is when the collector read the clock at the call."""
     t = Trace("GET /slow")
     t.request(0, 3.0, 1)
     t.task(1, [(0, 0.3, "sync:30"), (2.32, 0.02, second_label), (2.5, 0.4, "done")], coro="slow")
     t.task(2, [(0.35, 0.1, "io"), (2.36, 0.1, "done")], parent=1, spawn_step=0, created=0.2)
     t.io(2, 0, 0.4, 2.42, "http", "GET /blob/{id}", "http://127.0.0.1:8081")
-    t.sync(30, "wait_for", "any", [2], task=1, step=0, start=0.29, end=2.3, timeout=2.0, timed_out=True,
+    t.sync(30, "wait_for", "any", [2], task=1, step=0, start=call_at, end=2.3, timeout=2.0, timed_out=True,
            resume_step=1)
     return t
 
@@ -476,3 +477,16 @@ def test_pools_are_seen_where_callers_waited_for_a_slot(tmp_path: Path) -> None:
     assert observed_pools(got.requests) == {}
     [g] = build_graphs(got)
     assert POOLS_KEY not in g.meta
+
+
+@pytest.mark.parametrize("second_label", ["sync:30", "future"])
+def test_a_wall_clock_step_before_a_timeout_call_makes_no_cycle(tmp_path: Path, second_label: str) -> None:
+    # time_ns stepped back between the call's reading (0.45 ms) and the end of the step that made it (0.3 ms):
+    # the timer still starts in that step, and the request has the shape of any other
+    got = read_spans(write(tmp_path / "spans.jsonl", wait_for_timed_out(second_label, call_at=0.45),
+                           wait_for_timed_out(second_label)))
+    problems: list[str] = []
+    [g] = build_graphs(got, problems=problems)
+    assert problems == [] and g.count == 2
+    assert preds(g, "root/wait_for#0/timer") == {"root/c0"}
+    assert sorted(g.node("root/c0").samples_ms) == pytest.approx([0.29, 0.3], abs=1e-5)
