@@ -656,7 +656,7 @@ def _truth(d: Deployment, users: int, result: Any, window: tuple[int, int],
     )
 
 
-IDLE_MS = (0.0, 5.0, 10.0, 20.0, 40.0)
+IDLE_MS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0)
 """Pauses (ms) before each request of a wake-up profile of the app (:func:`measure_idle`)."""
 
 

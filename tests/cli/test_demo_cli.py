@@ -51,9 +51,11 @@ def test_quick_run_predicts_and_measures_location_and_load(tmp_path: Path) -> No
     # the location scenario was predicted with the app's wake-up profile, measured after pauses of 0-40 ms
     from analyzer.profiles import ProfileStore
     from analyzer.wakeup import WAKE_API
+    from replayer.groundtruth import IDLE_MS
 
     with ProfileStore(result.profiles) as store:
-        assert sorted(k.value for k in store.keys() if k.api == WAKE_API) == [0.0, 5.0, 10.0, 20.0, 40.0]
+        assert sorted(k.value for k in store.keys() if k.api == WAKE_API) == sorted(IDLE_MS)
+    assert 1.0 in IDLE_MS and 2.0 in IDLE_MS  # a short gap's cost is measured, not interpolated up to 5 ms
     doc = json.loads(result.predictions.read_text())
     assert [s["name"] for s in doc["scenarios"]] == ["location:blob=+20ms", "load:4?mix.GET /=1&mix.GET /post/{id}=1"]
 
