@@ -363,12 +363,11 @@ class _Builder:
         path = self.paths[tid]
         ios = self.ios[tid]
         lo, hi = (self.req.start_ns, self.req.end_ns) if tid == self.req.root_task else (-(2**63), 2**63)
-        labels = {st.awaits for st in task.steps}
-        inline = [s for s in self.syncs[tid] if f"sync:{s.sync_id}" not in labels]
-        cuts: list[tuple[int, str, SyncPoint]] = []
-        awaiting: dict[str, Step] = {}
+        awaiting: dict[str, Step] = {}  # what each step awaited -> the first step awaiting it
         for st in task.steps:
             awaiting.setdefault(st.awaits, st)  # the first: a timed-out wait_for awaits again after the timer
+        inline = [s for s in self.syncs[tid] if f"sync:{s.sync_id}" not in awaiting]
+        cuts: list[tuple[int, str, SyncPoint]] = []
         for sync in self.syncs[tid]:
             if sync.timeout_ns is not None:
                 # The timer starts at the call, which the step that then awaits the point made: kept inside

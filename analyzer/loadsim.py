@@ -444,8 +444,8 @@ def simulate_scenario(
     (:mod:`analyzer.wakeup`), the simulation runs twice: once as recorded (the recorded durations, one user),
     to learn the idle gap before each piece of work in each request, then under the scenario, where each piece
     of work is charged what its gap adds beyond what its recorded gap did. Under load that is a credit: a busy
-    loop does not pay the wake-ups its pieces paid at one user (the example's loop did 4-7% less CPU per
-    request at 16 users than at one, ``benchmarks/whatif_accuracy.py``).
+    loop does not pay the wake-ups its pieces paid at one user (the example's loop did 4-15% less CPU per
+    request at 16 users than at one, ``benchmarks/whatif_accuracy.py``, runs 40-44).
     """
     load = scenario.load
     gaps_change = (scenario.changes_calls or (load is not None and load.users > 1)
