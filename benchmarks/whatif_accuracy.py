@@ -154,7 +154,7 @@ def _window_requests(truth: GroundTruth) -> list[Any]:
 
 def _pairable(case: Case) -> bool:
     """Whether the case can be switched on and off in one running deployment (``measure_paired``)."""
-    return case.users == 1 and case.applied.payload_bytes is None and case.applied.app_replicas == 1
+    return case.users == 1 and case.applied.app_replicas == 1
 
 
 def _pooled(runs: list[GroundTruth]) -> dict[str, list[float]]:
@@ -332,7 +332,7 @@ def _write(out: Path, config: str, ns: argparse.Namespace, rows: list[dict[str, 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "format": "perfcast-whatif-accuracy/1", "configuration": config, "requests_per_run": ns.requests,
-        "samples": ns.samples, "rounds": ns.rounds, "blocks": ns.blocks, "separate": ns.separate,
+        "samples": ns.samples, "rounds": ns.rounds, "blocks": ns.blocks, "run": ns.run, "separate": ns.separate,
         "cache_ttl_ms": ns.cache_ttl_ms, "elapsed_s": elapsed,
         "python": sys.version.split()[0],
         "recordings": str(ns.recordings) if ns.recordings else None, "rows": rows,
@@ -346,11 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=262144, help="payload bytes of the size scenario (default 256 KiB)")
     p.add_argument("--rounds", type=int, default=3, help="alternations of baseline and scenario runs (default 3)")
     p.add_argument("--blocks", type=int, default=10,
-                   help="location and interference: pairs of blocks of today and the scenario in one deployment "
-                        "(default 10)")
+                   help="location, size and interference: runs of the load client in one deployment, in each "
+                        "today and the scenario taking turns in runs of --run requests (default 10)")
+    p.add_argument("--run", type=int, default=6,
+                   help="requests of one side in a row, the first not measured (default 6)")
     p.add_argument("--separate", action="store_true",
-                   help="location and interference in separate deployments too (--rounds of baseline then "
-                        "scenario), as before the blocks")
+                   help="location, size and interference in separate deployments too (--rounds of baseline then "
+                        "scenario), as load and failure are measured")
     p.add_argument("--cache-ttl-ms", type=int, default=0,
                    help="the app's page cache lifetime (default 0: every index page a miss, see the docs)")
     p.add_argument("--samples", type=int, default=10_000, help="Monte Carlo samples per route")
@@ -419,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         case_setup = replace(setup, pin=case.pin)
         paired = _pairable(case) and not ns.separate
         console.print(f"[bold]{case.name}[/]: {case.spec}, " + (
-            f"{ns.blocks} pairs of blocks of today and the scenario in one deployment" if paired
+            f"{ns.blocks} blocks of today's and the scenario's requests taking turns {ns.run} at a time, one "
+            "deployment" if paired
             else f"{ns.rounds} rounds of baseline then scenario"))
         if case.applied.cpu_pct > 0 and not again:
             status(f"probing CPU work with a neighbour taking {case.applied.cpu_pct:g} % of the core")
@@ -437,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                 bases, lights, truths = pickle.load(f)
         elif paired:
             lights = []
-            bases, truths = measure_paired(case_setup, case.applied, requests=ns.requests, blocks=ns.blocks,
+            bases, truths = measure_paired(case_setup, case.applied, requests=ns.requests, blocks=ns.blocks, run=ns.run,
                                            spans=work / f"{case.name}.paired.jsonl", on_step=status)
             with runs.open("wb") as f:
                 pickle.dump((bases, lights, truths), f)

@@ -115,8 +115,8 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     location = Applied(added_ms=(("blob", 20.0),))
     blocks = min(10, max(1, requests // 8))
     console.rule("[bold]1. collect[/]: the forum app under perfcast's collector, one user")
-    step(f"one deployment, in {blocks} pairs of blocks: today's configuration (the baseline) and step 3's "
-         "location scenario (a proxy's 20 ms delay, switched on) taking turns, so both see the same machine")
+    step(f"one deployment, {blocks} blocks: today's configuration (the baseline) and step 3's location scenario "
+         "(a proxy's 20 ms delay) switched between requests in random turns, so both see the same machine")
     warmup = 5 if quick else 20
     # a line per block would bury the story: the blocks are said once, above
     bases, located = measure_paired(setup, location, requests=requests, blocks=blocks, warmup_requests=warmup,
@@ -126,7 +126,7 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     step(f"{sum(len(v) for b in bases for v in b.server_ms.values())} requests of today measured, "
          f"{throughput:.1f} req/s; spans of both sides in {spans}")
 
-    console.rule("[bold]2. causal graphs[/]: today's blocks")
+    console.rule("[bold]2. causal graphs[/]: today's requests")
     span_file = read_spans(spans)
     reqs = measured_requests(span_file.requests, bases)
     problems: list[str] = []
@@ -154,7 +154,7 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     users = 4 if quick else 16
     cases: list[tuple[str, str, int, str]] = [
         ("location", f"location:{BLOB_NAME}=+20ms", 1,
-         "the blob service (blobs, cache, ads) moved 20 ms further away: measured in step 1's scenario blocks"),
+         "the blob service (blobs, cache, ads) moved 20 ms further away: measured in step 1's scenario requests"),
         ("load", f"load:{users}?{client_mix(routes=[g.route for g in graphs])}", users,
          f"{users} concurrent users instead of 1, asking for both pages half and half as the load client does, for "
          "the app without the collector (which would cost it 3.6x its CPU under load): calibrated by one light "

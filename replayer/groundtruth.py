@@ -29,17 +29,21 @@ app ran under the collector (the quantity the engine predicts), and client-side 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import os
+import random
 import re
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +178,9 @@ class GroundTruth:
     loop_preempted_ms: float = 0.0
     """Time the serving replicas' event loops spent preempted in the measured window, per measured request
     (:func:`preempted_s`): the loop's capacity that the machine's other threads took."""
+    slices_ns: tuple[tuple[int, int], ...] = ()
+    """When the requests of two sides were interleaved (:func:`measure_paired`): the slices of the window, one
+    per request of this side, that its requests started in. Empty: the whole window is this side's."""
 
     def latencies(self, route: str) -> tuple[float, ...]:
         """Server-side latencies of ``route`` when recorded, else client-side."""
@@ -191,6 +198,7 @@ class GroundTruth:
             "errors": self.errors, "error_examples": list(self.error_examples), "elapsed_s": self.elapsed_s,
             "spans": list(self.spans), "window_ns": list(self.window_ns), "app_cpu_ms": list(self.app_cpu_ms),
             "loop_cpu_ms": self.loop_cpu_ms, "loop_preempted_ms": self.loop_preempted_ms,
+            "slices_ns": [list(s) for s in self.slices_ns],
         }
 
 
@@ -367,6 +375,11 @@ class Deployment:
     """resource -> the proxy in front of it (their :meth:`~LatencyProxy.applied_delay_ms`)."""
     app_pids: tuple[int, ...] = ()
     """The app replicas' processes that serve (a stopped replica left out)."""
+    blob_admin_url: str = ""
+    """The blob service itself, not through its proxy: for switching the size of its blobs."""
+    app_cpus: frozenset[int] = frozenset()
+    """The cores the app is pinned to (``ForumSetup.pin``; empty: not pinned). A noisy neighbour of the app
+    goes there."""
 
 
 BLOB_NAME = "blob"
@@ -506,7 +519,7 @@ def deploy(
             stack.enter_context(CpuHog(applied.cpu_pct, cpus=frozenset(app_cpus)))
         serving = [p.proc.pid for p in processes[1:] if p.proc.poll() is None]
         yield Deployment(url, f"http://{blob_proxy.address}", resources, tuple(spans_files), by_resource,
-                         tuple(serving))
+                         tuple(serving), blob_url, frozenset(app_cpus))
         step("stopping")
 
 
@@ -562,6 +575,8 @@ def measure_paired(
     *,
     requests: int = 300,
     blocks: int = 10,
+    run: int = 6,
+    settle: int = 1,
     warmup_requests: int = 20,
     max_duration_s: float = 60.0,
     paths: Sequence[str] = APP_PATHS,
@@ -569,69 +584,236 @@ def measure_paired(
     log_dir: str | os.PathLike[str] | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> tuple[list[GroundTruth], list[GroundTruth]]:
-    """Today's deployment and the scenario taking turns in one deployment of the app under the collector.
+    """Today's deployment and the scenario, a few requests at a time, in one deployment of the app under the
+    collector.
 
-    ``blocks`` pairs of blocks of ``requests / blocks`` requests of one user: a block of today's deployment and
-    a block with ``applied`` switched on (the proxies' delays, the noisy neighbour resumed), in the order
-    B S, S B, B S... so that a drift that is linear in time falls on both sides alike. Both blocks of a pair
-    request the same paths. Returns (today's blocks, the scenario's blocks), one :class:`GroundTruth` each,
-    all naming the one spans file.
+    One user sends ``requests`` measured requests of each side in ``blocks`` runs of the load client. Before
+    each request the client asks this process which side it is on (``examples.forum.load``'s controller), and
+    ``applied`` is switched on or off for it: the proxies' delays, the noisy neighbour resumed or paused, the
+    blob service's stored blobs grown to ``payload_bytes`` or back. The sides take turns in runs of ``run``
+    requests, a run of each in an order drawn at random (seeded by ``setup.seed``), so both sides are measured
+    at the same moments, whatever the machine's speed does meanwhile; the first ``settle`` requests of each run
+    are sent but not measured. Returns (today's blocks, the scenario's blocks): one :class:`GroundTruth` per run
+    of the client and side, all naming the one spans file, each with the slices of time its side's measured
+    requests ran in (:attr:`GroundTruth.slices_ns`).
 
-    Why: this machine's speed drifts from minute to minute, and two deployments of the same configuration
-    differ by more than the sampling of their requests does (their processes land on other cores, other
-    memory). Separate deployments of the baseline and of the scenario charge that difference to the
-    prediction; blocks taking turns in one process share it. Only what can be switched in a running
-    deployment is paired: a delay per round trip and a CPU neighbour (``payload_bytes`` and replicas need
-    deployments of their own, :func:`measure`).
+    Why a few requests at a time: this machine's speed drifts from second to second, and two deployments of the
+    same configuration differ by more than the sampling of their requests does (their processes land on other
+    cores, other memory). Blocks of a few dozen requests taking turns in one deployment share the deployment
+    but not the moment: scored against each other like a prediction, the first and the second half of one
+    side's blocks were more than 5 % apart (median CDF deviation) on most of the accuracy benchmark's rows.
+    Runs of a few requests share both. Why not one request at a time: a request carries the state the one before
+    left. After a request of the location scenario, whose long waits leave the machine idle, today's post page
+    took 2.22 ms at the median where after one of today's it took 1.82; the first request of each run, which
+    follows the other side, is therefore not measured. Only what can be switched in a running deployment is
+    paired: a delay per round trip, a CPU neighbour and the blobs' size (replicas need deployments of their
+    own, :func:`measure`).
 
     Raises
     ------
     ValueError
-        ``applied`` changes the payload or the replicas, or the counts are not positive.
+        ``applied`` changes the replicas, or the counts are not positive.
     GroundTruthError
         As for :func:`measure`.
     """
-    if applied.payload_bytes is not None or applied.app_replicas > 1:
-        raise ValueError("measure_paired switches delays and a CPU neighbour only; payload_bytes and replicas "
-                         "need deployments of their own (measure)")
+    if applied.app_replicas > 1:
+        raise ValueError("measure_paired switches delays, a CPU neighbour and the blobs' size; replicas need "
+                         "deployments of their own (measure)")
     if blocks < 1 or requests < blocks or warmup_requests < 0 or max_duration_s <= 0:
         raise ValueError("need blocks >= 1, requests >= blocks, warmup_requests >= 0 and max_duration_s > 0")
+    if not 0 <= settle < run:
+        raise ValueError(f"need 0 <= settle < run, got settle={settle}, run={run}")
     step = on_step or (lambda text: None)
     per_block = requests // blocks
-    runs: list[tuple[bool, Any, tuple[int, int], tuple[float, float, float], dict[Resource, float]]] = []
+    runs: list[tuple[Any, _Switchboard, tuple[int, int], dict[Resource, float]]] = []
     with deploy(setup, spans=spans, log_dir=log_dir, on_step=on_step) as d, contextlib.ExitStack() as stack:
-        delayed = [(name, d.proxies[name], ms) for name, ms in applied.added_ms]
+        delayed = [(d.proxies[name], ms) for name, ms in applied.added_ms]
         hog = None
         if applied.cpu_pct > 0:
-            hog = stack.enter_context(CpuHog(applied.cpu_pct, cpus=frozenset(_cpu_split(setup.pin)[0])))
+            # the app's cores as the deployment pinned them: inside the deployment this thread runs on the others
+            hog = stack.enter_context(CpuHog(applied.cpu_pct, cpus=d.app_cpus, seed=setup.seed))
             time.sleep(0.5)  # its processes start (spawned interpreters) before the first pause
             hog.pause()
 
         def switch(on: bool) -> None:
-            for _, proxy, ms in delayed:
+            for proxy, ms in delayed:
                 proxy.delay_ms = ms if on else 0.0
-                proxy.reset_lateness()
             if hog is not None:
                 (hog.resume if on else hog.pause)()
+            if applied.payload_bytes is not None:
+                _blob_bytes(d.blob_admin_url, applied.payload_bytes if on else None)
 
+        if warmup_requests:
+            step(f"warming up: {warmup_requests} requests")
+            _load(d.url, 1, warmup_requests, max_duration_s, 0, paths, setup.seed)
         for k in range(blocks):
-            for on in ((False, True) if k % 2 == 0 else (True, False)):
-                step(f"block {k + 1} of {blocks}: {'the scenario' if on else 'today'}, {per_block} requests")
-                switch(on)
-                try:
-                    result, window, cpu = _load(d.url, 1, per_block, max_duration_s,
-                                                warmup_requests if not runs else 0, paths,
-                                                None if setup.seed is None else setup.seed + k, d.app_pids)
-                    added = {name: proxy.applied_delay_ms() for name, proxy, _ in delayed} if on else {}
-                finally:
-                    switch(False)
-                runs.append((on, result, window, cpu, added))
+            turns = _turns(per_block, run, settle, None if setup.seed is None else setup.seed + k)
+            step(f"block {k + 1} of {blocks}: {len(turns)} requests, today and the scenario taking turns "
+                 f"{run} at a time")
+            board = _Switchboard(switch, turns, d.app_pids)
+            for proxy, _ in delayed:
+                proxy.reset_lateness()
+            try:
+                result, window, _ = _load(d.url, 1, len(turns), max_duration_s, 0, paths,
+                                          None if setup.seed is None else setup.seed + k, d.app_pids,
+                                          control=board.address)
+                board.close(window[1])
+            finally:
+                switch(False)
+                board.close(time.time_ns())
+            added = {name: d.proxies[name].applied_delay_ms() for name, _ in applied.added_ms}
+            runs.append((result, board, window, added))
     recorded = _requests(d.spans)  # complete once the app has stopped
     bases: list[GroundTruth] = []
     truths: list[GroundTruth] = []
-    for on, result, window, cpu, added in runs:
-        (truths if on else bases).append(_truth(d, 1, result, window, cpu, added, recorded))
+    for result, board, window, added in runs:
+        for on, side in ((False, bases), (True, truths)):
+            slices = board.slices(on)
+            client: dict[str, list[float]] = {}
+            for path, ms, label in zip(result.paths, result.latencies_ms, result.labels, strict=True):
+                if label == _LABELS[on, True]:
+                    client.setdefault(route_of(path), []).append(ms)
+            server: dict[str, list[float]] = {}
+            for req in recorded:
+                if _in_slices(req, slices):
+                    server.setdefault(req.route, []).append(req.latency_ms)
+            n = sum(len(v) for v in client.values())
+            elapsed_s = sum(b - a for a, b in slices) / 1e9
+            cpu = board.cpu[on]
+            side.append(GroundTruth(
+                server_ms={r: tuple(v) for r, v in server.items()},
+                client_ms={r: tuple(v) for r, v in client.items()},
+                resources=d.resources, users=1, throughput_rps=n / elapsed_s if elapsed_s > 0 else 0.0,
+                errors=result.errors if on else 0, elapsed_s=elapsed_s, spans=d.spans, window_ns=window,
+                error_examples=result.error_examples if on else (), applied_delay_ms=added if on else {},
+                app_cpu_ms=(1e3 * cpu[0] / max(n, 1), 1e3 * cpu[1] / max(n, 1)),
+                loop_cpu_ms=1e3 * cpu[2] / max(n, 1), loop_preempted_ms=1e3 * cpu[3] / max(n, 1),
+                slices_ns=tuple(slices),
+            ))
     return bases, truths
+
+
+_LABELS = {(False, True): "today", (True, True): "scenario",
+           (False, False): "today (settling)", (True, False): "scenario (settling)"}
+"""(the scenario on, measured) -> the label the switchboard gives the load client's request."""
+
+
+def _turns(per_side: int, run: int, settle: int, seed: int | None) -> list[tuple[bool, bool]]:
+    """(the scenario on, measured) for each request of a block: runs of ``run`` requests, a run of each side in a
+    random order, the first ``settle`` of each run not measured, until each side has ``per_side`` measured.
+
+    Today's side is ``b`` / ``B`` below, the scenario's ``s`` / ``S``, capitals measured:
+
+    >>> "".join(("sS" if on else "bB")[measured] for on, measured in _turns(5, 3, 1, seed=2))
+    'bBBsSSbBBsSSsSbB'
+    """
+    rng = random.Random(seed)
+    out: list[tuple[bool, bool]] = []
+    left = per_side
+    while left > 0:
+        n = min(run - settle, left)
+        first = rng.random() < 0.5
+        for on in (first, not first):
+            out += [(on, i >= settle) for i in range(settle + n)]
+        left -= n
+    return out
+
+
+class _Switchboard:
+    """The load client's controller (``examples.forum.load --control``): for each request it takes the next of
+    ``turns`` (the scenario on, measured), switches the scenario to it, notes when, and answers with its label.
+
+    The CPU the app's ``pids`` spent between two switches is charged to the side of the measured request that
+    ran between them (:func:`cpu_s` and :func:`preempted_s`, read at each switch: about 0.1 ms, before
+    answering).
+    """
+
+    def __init__(self, switch: Callable[[bool], None], turns: Sequence[tuple[bool, bool]],
+                 pids: Sequence[int]) -> None:
+        self._switch = switch
+        self._order = iter(turns)
+        self._pids = tuple(pids)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(60.0)
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.marks: list[tuple[int, bool, bool]] = []
+        """(``time.time_ns()`` after the switch, the scenario on, measured) before each request."""
+        self.cpu: dict[bool, list[float]] = {False: [0.0] * 4, True: [0.0] * 4}
+        """side -> [user, system, loop, preempted] seconds of the app's processes during that side's requests."""
+        self._end_ns: int | None = None
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, name="groundtruth-switchboard", daemon=True)
+        self._thread.start()
+
+    def _reading(self) -> tuple[tuple[float, float, float], tuple[float, int, int]]:
+        return cpu_s(self._pids), loop_switches(self._pids)
+
+    def _charge(self, on: bool, before: Any, after: Any) -> None:
+        (cpu0, pre0), (cpu1, pre1) = before, after
+        for i in range(3):
+            self.cpu[on][i] += cpu1[i] - cpu0[i]
+        self.cpu[on][3] += preempted_s(pre0, pre1)
+
+    def _serve(self) -> None:
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return
+        last = None
+        try:
+            with conn, conn.makefile("rb") as lines:
+                for line in lines:
+                    if line.strip() != b"next":
+                        raise GroundTruthError(f"the load client sent {line[:40]!r} to the switchboard")
+                    on, measured = next(self._order, (False, False))
+                    now = self._reading() if self._pids else None
+                    if last is not None and now is not None and self.marks[-1][2]:
+                        self._charge(self.marks[-1][1], last, now)
+                    last = now
+                    if not self.marks or self.marks[-1][1] != on:
+                        self._switch(on)
+                    self.marks.append((time.time_ns(), on, measured))
+                    conn.sendall(f"{_LABELS[on, measured]}\n".encode())
+        except BaseException as exc:  # noqa: BLE001 - the load client sees the connection close; close() raises
+            self._failure = exc
+        finally:
+            if last is not None and self.marks and self.marks[-1][2]:
+                self._charge(self.marks[-1][1], last, self._reading())
+
+    def close(self, end_ns: int) -> None:
+        """Stop serving (once the client is done); ``end_ns`` ends the last request's slice. Raises what the
+        serving thread met."""
+        if self._end_ns is None:
+            self._end_ns = end_ns
+            self._listener.close()
+            self._thread.join(timeout=10)
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise GroundTruthError(f"the switchboard failed: {failure}") from failure
+
+    def slices(self, on: bool) -> list[tuple[int, int]]:
+        """The slices of time of the measured requests of one side: from each switch to the next (or the end)."""
+        ends = [m[0] for m in self.marks[1:]] + [self._end_ns if self._end_ns is not None else time.time_ns()]
+        return [(t, end) for (t, side, measured), end in zip(self.marks, ends, strict=True)
+                if side == on and measured]
+
+
+def _in_slices(req: Any, slices: Sequence[tuple[int, int]]) -> bool:
+    """Whether the request started in one of the (sorted, disjoint) slices: its own request's, as the
+    switchboard marks each slice before the client sends the request."""
+    i = bisect.bisect_right(slices, (req.start_ns, float("inf"))) - 1
+    return i >= 0 and slices[i][0] <= req.start_ns < slices[i][1]
+
+
+def _blob_bytes(admin_url: str, size: int | None) -> None:
+    """Set (or, with None, clear) the size of every blob the blob service serves (``/admin/blob-bytes``)."""
+    request = urllib.request.Request(f"{admin_url}/admin/blob-bytes", method="DELETE" if size is None else "PUT",
+                                     data=None if size is None else str(size).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            resp.read()
+    except OSError as exc:
+        raise GroundTruthError(f"the blob service at {admin_url} did not take the blob size {size}: {exc}") from None
 
 
 def _truth(d: Deployment, users: int, result: Any, window: tuple[int, int],
@@ -719,10 +901,10 @@ def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[st
 
 
 def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: int, paths: Sequence[str],
-          seed: int | None, pids: Sequence[int] = (),
-          think_ms: float = 0.0) -> tuple[Any, tuple[int, int], tuple[float, float, float, float]]:
+          seed: int | None, pids: Sequence[int] = (), think_ms: float = 0.0,
+          control: str | None = None) -> tuple[Any, tuple[int, int], tuple[float, float, float, float]]:
     """(the load's result, its wall-clock window, the (user, system, loop) CPU seconds ``pids`` spent in it and
-    the seconds their loops were preempted, :func:`preempted_s`)."""
+    the seconds their loops were preempted, :func:`preempted_s`); ``control``: the load client's controller."""
     from examples.forum.load import run_load_subprocess
 
     try:
@@ -732,7 +914,7 @@ def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: in
         begin = time.time_ns()
         result = run_load_subprocess(url, users=users, requests=requests, duration_s=max_duration_s,
                                      paths=tuple(paths), seed=None if seed is None else seed + 1,
-                                     think_ms=think_ms)
+                                     think_ms=think_ms, control=control)
         end = time.time_ns()
         cpu1, pre1 = cpu_s(pids), loop_switches(pids)
     except RuntimeError as exc:
@@ -825,7 +1007,11 @@ def _inside(req: Any, window: tuple[int, int]) -> bool:
     return window[0] <= req.start_ns and req.end_ns <= window[1]
 
 
+def _measured_by(req: Any, truth: GroundTruth) -> bool:
+    return _in_slices(req, truth.slices_ns) if truth.slices_ns else _inside(req, truth.window_ns)
+
+
 def measured_requests(requests: Iterable[Any], truths: Sequence[GroundTruth]) -> list[Any]:
-    """The ``requests`` (``analyzer.spans.Request``) handled inside the measured window of one of ``truths``:
-    the warm-ups, and the blocks of the other side of a paired run, left out."""
-    return [r for r in requests if any(_inside(r, t.window_ns) for t in truths)]
+    """The ``requests`` (``analyzer.spans.Request``) measured by one of ``truths``: inside its window, and in
+    one of its slices when it has them; the warm-ups, and the other side of a paired run, left out."""
+    return [r for r in requests if any(_measured_by(r, t) for t in truths)]

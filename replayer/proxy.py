@@ -71,28 +71,30 @@ class LatencyProxy:
     _stopping: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _overshoot_s: float = 0.0
-    _late: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    """[sum of how late each delayed chunk left (negative: early), chunks], under ``_late_lock``: two numbers
-    however long the proxy runs."""
+    _late: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    """[sum of the half delays asked for the delayed chunks, sum of how late each left (negative: early),
+    chunks], under ``_late_lock``: three numbers however long the proxy runs."""
     _late_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def applied_delay_ms(self) -> float:
-        """The delay per round trip this proxy actually added since the last :meth:`reset_lateness`: the delay
-        asked for plus the mean lateness of the chunks it released, once per direction.
+        """The delay per round trip this proxy actually added to the delayed chunks since the last
+        :meth:`reset_lateness`: the mean delay asked for them plus their mean lateness, once per direction;
+        ``delay_ms`` when no chunk was delayed.
 
         Its threads wake late when the machine is busy (about 0.15 ms per chunk when idle, more under load), so
-        a ground truth measured through it is for this delay, not exactly ``delay_ms``.
+        a ground truth measured through it is for this delay, not exactly ``delay_ms``. The delay switched off
+        since (a ground truth taking turns) does not change what was added while it was on.
         """
         with self._late_lock:
-            total, count = self._late
-        if self.delay_ms <= 0 or not count:
+            asked, late, count = self._late
+        if not count:
             return self.delay_ms
-        return self.delay_ms + 2000.0 * total / count
+        return 2000.0 * (asked + late) / count
 
     def reset_lateness(self) -> None:
-        """Forget the lateness measured so far (at the start of a measured window)."""
+        """Forget the delays measured so far (at the start of a measured window)."""
         with self._late_lock:
-            self._late = [0.0, 0.0]
+            self._late = [0.0, 0.0, 0.0]
 
     async def start(self) -> LatencyProxy:
         if not self.upstreams:
@@ -184,7 +186,7 @@ class LatencyProxy:
 
     def _pump(self, src: socket.socket, dst: socket.socket, done: threading.Barrier) -> None:
         """Copy src -> dst, releasing each chunk half the delay in force when it arrived later (order kept)."""
-        chunks: queue.SimpleQueue[tuple[float, bool, bytes]] = queue.SimpleQueue()
+        chunks: queue.SimpleQueue[tuple[float, float, bytes]] = queue.SimpleQueue()
         releaser = threading.Thread(target=self._release, args=(chunks, dst, self._overshoot_s), daemon=True)
         releaser.start()
         try:
@@ -194,7 +196,7 @@ class LatencyProxy:
                 except OSError:
                     chunk = b""
                 delay_s = self.delay_ms / 2000.0
-                chunks.put((time.monotonic() + delay_s, delay_s > 0, chunk))
+                chunks.put((time.monotonic() + delay_s, delay_s, chunk))
                 if not chunk:
                     break
         finally:
@@ -204,18 +206,19 @@ class LatencyProxy:
             except threading.BrokenBarrierError:
                 self._close(src, dst)
 
-    def _release(self, chunks: queue.SimpleQueue[tuple[float, bool, bytes]], dst: socket.socket,
+    def _release(self, chunks: queue.SimpleQueue[tuple[float, float, bytes]], dst: socket.socket,
                  overshoot_s: float) -> None:
         while True:
-            due, delayed, chunk = chunks.get()
+            due, delay_s, chunk = chunks.get()
             wait = due - time.monotonic() - overshoot_s
             if wait > 0:
                 time.sleep(wait)
-            if delayed and chunk:
+            if delay_s > 0 and chunk:
                 late = time.monotonic() - due
                 with self._late_lock:
-                    self._late[0] += late
-                    self._late[1] += 1
+                    self._late[0] += delay_s
+                    self._late[1] += late
+                    self._late[2] += 1
             if not chunk:
                 try:
                     dst.shutdown(socket.SHUT_WR)

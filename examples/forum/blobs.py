@@ -3,7 +3,9 @@
 It plays the forum's remote dependencies when no real ones are given: an object store (``GET /blob/{id}``),
 a cache (``/kv?key=K``), a recommendation service (``GET /recommend``, raced across two replicas) and an
 ad service (``GET /ad``, sometimes slow). Latency is controllable, so what-if scenarios (a farther service,
-a slow replica) can be reproduced for real.
+a slow replica) can be reproduced for real; so is the size of the stored blobs while the service runs
+(``PUT /admin/blob-bytes`` with the size as the body, ``DELETE`` to go back to what each request asks for),
+the way an object store's objects grow without the app that reads them changing.
 
 Run on its own, one process per replica::
 
@@ -57,6 +59,8 @@ _AD_RNG = web.AppKey("ad_rng", random.Random)
 that two seeded runs that make the same calls (a baseline and a what-if scenario) see the same slow ads."""
 _KV: web.AppKey[dict[str, tuple[float | None, str]]] = web.AppKey("kv")
 """key -> (monotonic expiry or None, value)"""
+_BLOB_BYTES: web.AppKey[list[int | None]] = web.AppKey("blob_bytes")
+"""[the size every blob has now, whatever the request asks for; None: as asked] (``/admin/blob-bytes``)"""
 _MAX_BLOB = 64 * 1024 * 1024
 
 
@@ -75,6 +79,7 @@ async def _blob(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text="blob id and ?bytes= must be integers") from None
     if not 0 <= size <= _MAX_BLOB:
         raise web.HTTPBadRequest(text=f"?bytes= must be between 0 and {_MAX_BLOB}")
+    size = request.app[_BLOB_BYTES][0] if request.app[_BLOB_BYTES][0] is not None else size
     await _delay(request)
     stamp = blob_id.to_bytes(8, "big")
     body = (stamp * (size // 8 + 1))[:size]
@@ -150,6 +155,19 @@ async def _ad(request: web.Request) -> web.Response:
     return web.json_response({"ad": "Try perfectly ordinary widgets", "slow": slow})
 
 
+async def _set_blob_bytes(request: web.Request) -> web.Response:
+    text = (await request.text()).strip()
+    if not text.isdigit() or int(text) > _MAX_BLOB:
+        raise web.HTTPBadRequest(text=f"the body must be the blob size in bytes, 0 to {_MAX_BLOB}; got {text!r}")
+    request.app[_BLOB_BYTES][0] = int(text)
+    return web.Response(status=204)
+
+
+async def _clear_blob_bytes(request: web.Request) -> web.Response:
+    request.app[_BLOB_BYTES][0] = None
+    return web.Response(status=204)
+
+
 async def _health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "keys": len(request.app[_KV])})
 
@@ -161,7 +179,10 @@ def build_blob_app(config: BlobServiceConfig) -> web.Application:
     app[_RNG] = random.Random(config.seed)
     app[_AD_RNG] = random.Random(None if config.seed is None else config.seed + 1)
     app[_KV] = {}
+    app[_BLOB_BYTES] = [None]
     app.router.add_get("/blob/{id}", _blob)
+    app.router.add_put("/admin/blob-bytes", _set_blob_bytes)
+    app.router.add_delete("/admin/blob-bytes", _clear_blob_bytes)
     # Keys go in the query string, so that every call of one kind has one path (one operation).
     app.router.add_get("/kv", _kv_get)
     app.router.add_put("/kv", _kv_put)

@@ -5,6 +5,11 @@ an optional think time). Open loop: requests arrive as a Poisson process at ``ra
 at most ``users`` in flight; a request's latency then counts from its scheduled arrival, so a server that
 falls behind is charged for the queueing it causes (no coordinated omission).
 
+Closed loop with one user and a *control* address: before each request the client asks a controller (a line
+``next``, answered by a line naming a label) and tags the request with the label. A ground-truth harness uses
+it to switch a what-if scenario on or off between requests (``replayer.groundtruth.measure_paired``), so that
+both sides of a comparison are measured at the same moments.
+
 Library use::
 
     result = await run_load("http://127.0.0.1:8080", users=16, duration_s=10)
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -58,6 +64,8 @@ class LoadResult:
     users: int
     mode: str
     """``closed`` or ``open``."""
+    labels: tuple[str, ...] = ()
+    """With a controller: the label it gave each successful request, aligned with ``latencies_ms``."""
 
     @property
     def throughput_rps(self) -> float:
@@ -93,6 +101,7 @@ class LoadResult:
             elapsed_s=float(data["elapsed_s"]),
             users=int(data["users"]),
             mode=str(data["mode"]),
+            labels=tuple(str(x) for x in data.get("labels", ())),
         )
 
     def summary(self) -> str:
@@ -112,15 +121,18 @@ class _Recorder:
         self.deadline = deadline
         self.latencies_ms: list[float] = []
         self.paths: list[str] = []
+        self.labels: list[str] = []
         self.errors = 0
         self.examples: list[str] = []
 
-    def ok(self, start: float, path: str) -> None:
+    def ok(self, start: float, path: str, label: str | None) -> None:
         # Requests still in flight at the deadline count neither way (as in wrk).
         end = time.perf_counter()
         if start >= self.measure_from and end <= self.deadline:
             self.latencies_ms.append((end - start) * 1000)
             self.paths.append(path)
+            if label is not None:
+                self.labels.append(label)
 
     def fail(self, start: float, what: str) -> None:
         if self.measure_from <= start and time.perf_counter() <= self.deadline:
@@ -129,14 +141,15 @@ class _Recorder:
                 self.examples.append(what)
 
 
-async def _one(session: aiohttp.ClientSession, base: str, path: str, start: float, rec: _Recorder) -> None:
+async def _one(session: aiohttp.ClientSession, base: str, path: str, start: float, rec: _Recorder,
+               label: str | None = None) -> None:
     try:
         async with session.get(base + path) as resp:
             await resp.read()
             if resp.status >= 400:
                 rec.fail(start, f"GET {path}: HTTP {resp.status}")
             else:
-                rec.ok(start, path)
+                rec.ok(start, path, label)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         rec.fail(start, f"GET {path}: {type(exc).__name__}: {exc}")
 
@@ -154,6 +167,7 @@ async def run_load(
     think_ms: float = 0.0,
     timeout_s: float = 30.0,
     seed: int | None = None,
+    control: str | None = None,
 ) -> LoadResult:
     """Load ``url`` and measure each request's latency.
 
@@ -168,6 +182,7 @@ async def run_load(
     warmup_s : requests sent during this first period are not measured.
     think_ms : closed loop: pause of each user between an answer and its next request.
     seed : seeds the choice of paths and the arrival times.
+    control : ``host:port`` of a controller asked for a label before each request (closed loop, one user).
     """
     if users < 1:
         raise ValueError(f"users must be at least 1, got {users}")
@@ -179,6 +194,8 @@ async def run_load(
         raise ValueError(f"rate_rps must be positive, got {rate_rps}")
     if not paths or n_max < 1:
         raise ValueError("paths must not be empty and n_max must be at least 1")
+    if control is not None and (users != 1 or rate_rps is not None):
+        raise ValueError("a controller labels the requests of one closed-loop user: give users=1 and no rate")
     rng = random.Random(seed)
     base = url.rstrip("/")
     start = time.perf_counter()
@@ -199,7 +216,10 @@ async def run_load(
     connector = aiohttp.TCPConnector(limit=users)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        if rate_rps is None:
+        if control is not None:
+            await _controlled_loop(session, base, control, think_ms / 1000, next_path, rec)
+            mode = "closed"
+        elif rate_rps is None:
             await _closed_loop(session, base, users, think_ms / 1000, next_path, rec)
             mode = "closed"
         else:
@@ -208,7 +228,7 @@ async def run_load(
     end = time.perf_counter()
     measured_s = (min(end, deadline) if duration_s is not None else end) - rec.measure_from
     return LoadResult(tuple(rec.latencies_ms), tuple(rec.paths), rec.errors, tuple(rec.examples),
-                      max(measured_s, 0.0), users, mode)
+                      max(measured_s, 0.0), users, mode, tuple(rec.labels))
 
 
 async def _closed_loop(session: aiohttp.ClientSession, base: str, users: int, think_s: float,
@@ -222,6 +242,28 @@ async def _closed_loop(session: aiohttp.ClientSession, base: str, users: int, th
     async with asyncio.TaskGroup() as tg:
         for _ in range(users):
             tg.create_task(user())
+
+
+async def _controlled_loop(session: aiohttp.ClientSession, base: str, control: str, think_s: float,
+                           next_path: Any, rec: _Recorder) -> None:
+    """One user whose every request waits for the controller's label first (it switches the scenario then)."""
+    host, _, port = control.rpartition(":")
+    reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    try:
+        while (path := next_path(time.perf_counter())) is not None:
+            writer.write(b"next\n")
+            await writer.drain()
+            line = await reader.readline()
+            if not line.endswith(b"\n"):
+                raise ConnectionError(f"the controller at {control} closed the connection")
+            start = time.perf_counter()
+            await _one(session, base, path, start, rec, line.decode().strip())
+            if think_s > 0:
+                await asyncio.sleep(think_s)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
 
 async def _open_loop(session: aiohttp.ClientSession, base: str, users: int, rate_rps: float,
@@ -283,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--think-ms", type=float, default=0.0, help="closed loop: pause between requests of a user")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request counts as failed")
     p.add_argument("--seed", type=int)
+    p.add_argument("--control", metavar="HOST:PORT",
+                   help="one user: ask this controller for a label before each request (and tag the request)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     ns = p.parse_args(argv)
     if ns.duration is None and ns.requests is None:
@@ -291,10 +335,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         result = asyncio.run(run_load(
             ns.url, users=ns.users, duration_s=ns.duration, requests=ns.requests, rate_rps=ns.rate,
             paths=tuple(ns.paths or DEFAULT_PATHS), n_max=ns.n_max, warmup_s=ns.warmup, think_ms=ns.think_ms,
-            timeout_s=ns.timeout, seed=ns.seed,
+            timeout_s=ns.timeout, seed=ns.seed, control=ns.control,
         ))
     except ValueError as exc:
         p.error(str(exc))
+    except (OSError, ConnectionError) as exc:
+        print(f"python -m examples.forum.load: controller {ns.control}: {exc}", file=sys.stderr)
+        sys.exit(1)
     print(json.dumps(result.to_json()) if ns.json else result.summary())
 
 

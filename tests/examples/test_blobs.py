@@ -29,6 +29,21 @@ async def test_blobs_have_the_asked_size_and_differ_by_id() -> None:
         await client.close()
 
 
+async def test_stored_blobs_can_grow_while_the_service_runs() -> None:
+    client = await _client(BlobServiceConfig(payload_bytes=1000))
+    try:
+        assert (await client.put("/admin/blob-bytes", data="5000")).status == 204
+        assert len(await (await client.get("/blob/1", params={"bytes": "10"})).read()) == 5000
+        assert len(await (await client.get("/blob/2")).read()) == 5000
+        bad = await client.put("/admin/blob-bytes", data="lots")
+        assert bad.status == 400 and "'lots'" in await bad.text()
+        assert len(await (await client.get("/blob/1")).read()) == 5000  # a bad request changes nothing
+        assert (await client.delete("/admin/blob-bytes")).status == 204
+        assert len(await (await client.get("/blob/1", params={"bytes": "10"})).read()) == 10
+    finally:
+        await client.close()
+
+
 async def test_kv_set_get_expire_and_incr() -> None:
     client = await _client(BlobServiceConfig())
     try:

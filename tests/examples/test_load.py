@@ -80,3 +80,28 @@ async def test_subprocess_runner(server: str) -> None:
     assert len(result.latencies_ms) == 9 and result.users == 3
     with pytest.raises(RuntimeError, match="load client failed"):
         await asyncio.to_thread(run_load_subprocess, server, users=0, requests=1)
+
+
+async def test_a_controller_labels_each_request_before_it_is_sent(server: str) -> None:
+    import asyncio
+
+    events: list[str] = []  # what the controller and the server saw, in order
+
+    async def controller(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        k = 0
+        while await reader.readline() == b"next\n":
+            k += 1
+            events.append(f"label{k}")
+            writer.write(f"side{k % 2}\n".encode())
+            await writer.drain()
+        writer.close()
+
+    ctl = await asyncio.start_server(controller, "127.0.0.1", 0)
+    port = ctl.sockets[0].getsockname()[1]
+    result = await run_load(server, users=1, requests=5, paths=["/ok/1"], control=f"127.0.0.1:{port}")
+    ctl.close()
+    assert result.labels == ("side1", "side0", "side1", "side0", "side1")
+    assert events == [f"label{k}" for k in range(1, 6)]  # one question per request, none after the last
+    assert LoadResult.from_json(result.to_json()) == result
+    with pytest.raises(ValueError, match="one closed-loop user"):
+        await run_load(server, users=2, requests=1, control=f"127.0.0.1:{port}")

@@ -201,41 +201,89 @@ def test_idle_runs_pause_between_requests_and_keep_only_their_own_requests(tmp_p
 
 
 @pytest.mark.postgres
-def test_paired_blocks_take_turns_in_one_deployment_and_only_the_scenario_pays(tmp_path: Path,
-                                                                               postgres_url: str) -> None:
+def test_paired_requests_take_turns_in_one_deployment_and_only_the_scenario_pays(tmp_path: Path,
+                                                                                 postgres_url: str) -> None:
     spans = tmp_path / "paired.jsonl"
     bases, truths = measure_paired(ForumSetup(postgres_url=postgres_url, seed=8),
-                                   Applied(added_ms=(("postgres", 12.0),)), requests=8, blocks=2,
+                                   Applied(added_ms=(("postgres", 12.0),)), requests=8, blocks=2, run=3, settle=1,
                                    warmup_requests=2, paths=("/post/{n}",), spans=spans)
     assert len(bases) == len(truths) == 2
     assert all(t.spans == (str(spans),) for t in bases + truths)  # one deployment, one spans file
-    # order B S, S B: the windows alternate that way and never overlap
-    windows = sorted((t.window_ns, on) for on, ts in ((False, bases), (True, truths)) for t in ts)
-    assert [on for _, on in windows] == [False, True, True, False]
-    assert all(a[0][1] <= b[0][0] for a, b in zip(windows, windows[1:]))
+    # runs of 3 requests, the first of each not measured: each side has one slice per measured request, the
+    # two sides' slices never overlap, and the measured ones come two of a side at a time, in an order that varies
+    slices = sorted((sl, on) for on, ts in ((False, bases), (True, truths)) for t in ts for sl in t.slices_ns)
+    assert len(slices) == 16
+    assert all(a[0][1] <= b[0][0] for a, b in zip(slices, slices[1:]))
+    sides = [on for _, on in slices]
+    assert sides[0::2] == sides[1::2] and sides.count(True) == 8
+    assert sides[0::4] != [sides[0]] * 4  # not always the same side first (seeded: fixed for this test)
     base = [x for t in bases for x in t.server_ms["GET /post/{id}"]]
     scenario = [x for t in truths for x in t.server_ms["GET /post/{id}"]]
     assert len(base) == len(scenario) == 8
-    # the spans file holds both sides and the warm-up; each side's windows pick out its own requests
+    assert sorted(len(t.client_ms["GET /post/{id}"]) for t in bases + truths) == [4] * 4
+    # the spans file holds both sides and the warm-up; each side's slices pick out its own requests
     from analyzer.spans import read_spans
 
     recorded = read_spans(spans).requests
-    assert len(recorded) > 16
+    assert len(recorded) >= 2 + 16 + 8  # the warm-up, the measured requests and the first of each run
     assert sorted(r.latency_ms for r in measured_requests(recorded, bases)) == sorted(base)
     assert sorted(r.latency_ms for r in measured_requests(recorded, truths)) == sorted(scenario)
-    # a post page reads its post from PostgreSQL: at least one 12 ms round trip in the scenario's blocks only,
+    # a post page reads its post from PostgreSQL: at least one 12 ms round trip on the scenario's side only,
     # on the connections the app opened before the delay was switched on
     assert min(scenario) >= 12.0 and sorted(base)[len(base) // 2] < 12.0
     # what the proxy added: the delay, give or take its threads' lateness, which it offsets by the oversleep it
     # measured at start (a quieter machine later releases a little early, by tenths of a millisecond)
     assert all(t.applied_delay_ms["postgres"] >= 11.5 for t in truths)
     assert all(t.applied_delay_ms == {} for t in bases)
+    # the app's CPU is charged to the sides of the requests that spent it (the kernel counts in 10 ms ticks,
+    # so a side's four post pages may show none)
+    assert sum(sum(t.app_cpu_ms) * len(t.client_ms["GET /post/{id}"]) for t in bases + truths) > 0
+
+
+def test_paired_blob_size_grows_on_the_scenario_side_only(tmp_path: Path) -> None:
+    spans = tmp_path / "size.jsonl"
+    bases, truths = measure_paired(ForumSetup(seed=9), Applied(payload_bytes=100_000), requests=6, blocks=1,
+                                   warmup_requests=1, paths=("/post/{n}",), spans=spans)
+    from analyzer.spans import read_spans
+
+    recorded = read_spans(spans).requests
+
+    def blob_bytes(truths: list) -> set[int]:
+        return {io.response_bytes for r in measured_requests(recorded, truths) for io in r.ios
+                if io.operation.endswith("/blob/{id}")}
+
+    assert blob_bytes(bases) and max(blob_bytes(bases)) < 10_000  # today's 4 KiB blobs
+    # (the client span may end before the body is read whole: 64 KiB of it are counted at least)
+    assert min(blob_bytes(truths)) >= 65_536
+    # the service is left as it was found: a run of today's side after it sees small blobs again
+    assert bases[0].errors == truths[0].errors == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning needs two cores")
+def test_paired_neighbour_shares_the_pinned_apps_core(tmp_path: Path) -> None:
+    import psutil
+
+    seen: list[tuple[str, set[int]]] = []
+
+    def look(text: str) -> None:
+        if text.startswith("block"):  # the neighbour runs now: every process this one started, and its cores
+            for child in psutil.Process().children(recursive=True):
+                seen.append((" ".join(child.cmdline()), os.sched_getaffinity(child.pid)))
+
+    measure_paired(ForumSetup(seed=10, pin=True), Applied(cpu_pct=30), requests=2, blocks=1, warmup_requests=1,
+                   paths=("/post/{n}",), spans=tmp_path / "hog.jsonl", on_step=look)
+    app_core = {min(os.sched_getaffinity(0))}
+    apps = [cores for cmd, cores in seen if "examples.forum " in cmd + " " and "blobs" not in cmd]
+    hogs = [cores for cmd, cores in seen if "spawn_main" in cmd]  # (not the semaphores' resource tracker)
+    assert apps and all(cores == app_core for cores in apps)
+    # one neighbour, on the app's core (not on the other cores, where the harness runs the app's dependencies)
+    assert hogs == [app_core]
 
 
 def test_paired_refuses_what_needs_a_deployment_of_its_own(tmp_path: Path) -> None:
-    for applied in (Applied(payload_bytes=1), Applied(app_replicas=2, failed_replicas=1)):
-        with pytest.raises(ValueError, match="deployments of their own"):
-            measure_paired(ForumSetup(), applied, spans=tmp_path / "x.jsonl")
+    with pytest.raises(ValueError, match="deployments of their own"):
+        measure_paired(ForumSetup(), Applied(app_replicas=2, failed_replicas=1), spans=tmp_path / "x.jsonl")
 
 
 def test_every_process_is_stopped_even_when_the_block_raises() -> None:

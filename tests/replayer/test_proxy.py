@@ -80,10 +80,13 @@ async def test_delay_switched_on_and_off_on_an_open_connection() -> None:
         on = await trips(writer, reader, 10)
         proxy.delay_ms = 0
         off_again = await trips(writer, reader, 10)
+        applied = proxy.applied_delay_ms()
         writer.close()
     server.close()
     assert on >= 0.015 * 0.95
     assert off < 0.005 and off_again < 0.005
+    # what the delayed round trips gained, though the delay is off by now (and the undelayed ones not counted)
+    assert 14.5 < applied < on * 1000
 
 
 async def test_pipelined_writes_share_one_delay() -> None:
