@@ -100,9 +100,9 @@ Wake = Callable[[int, int, int, int, float, float, int], float]
 """(workload, node position, column, site, the loop's idle gap before the work, the work, its CPU server) -> what
 the loop's coldness adds to the work (ms); site 0: a compute node, 1: an io call's CPU before its wait, 2: after
 it. Times in ms; called for every piece of loop work in time order, the gap 0 when the loop was busy."""
-Neighbour = Callable[[float, float, float], float]
-"""(a piece of work the loop wakes up for (ms), when it starts in its request (ms), the request's phase draw) ->
-what a CPU neighbour adds to it beyond the fair share the work's duration holds already."""
+Neighbour = Callable[[float, float], float]
+"""(ms of the loop's work since it woke up, the quantile of the neighbour's phase when it woke) -> what a CPU
+neighbour adds to that much work after a wake-up (ms; :meth:`analyzer.interference.StretchProfile.at`)."""
 ServiceWake = Callable[[int, int, int, int, float], float]
 """(workload, node position, column, resource group, how long the resource had been idle) -> what its coldness
 adds to the io call (ms): the idle runs from the start of the group's call before (0 while another is in
@@ -231,6 +231,8 @@ def simulate(
     req_parent: list[tuple[int, int] | None] = []
     req_depth: list[int] = []
     req_phase: list[float] = []
+    spell_u = [0.0] * max(servers, 1)  # per CPU server: the neighbour's quantile when its loop last woke up
+    spell_w = [0.0] * max(servers, 1)  # and the work it has done since (ms)
     done_count = 0
     issued = 0
 
@@ -272,10 +274,23 @@ def simulate(
         server = req_server[r]
         gap = max(t - loop_free[server], 0.0)
         extra = wake(req_kind[r], j, req_col[r], site, gap, d, server) if wake is not None else 0.0
-        if neighbour is not None and gap > 0 and d > 0 and loop_free[server] >= req_t0[r]:
-            # woken from idle (not since before the request arrived: that wake-up precedes its server span)
-            extra += neighbour(d, t - req_t0[r], req_phase[r])
+        if neighbour is not None and d > 0:
+            extra += spell(r, server, gap > 0, t, d)
         return max(d + extra, 0.0)
+
+    def spell(r: int, server: int, fresh: bool, t: float, d: float) -> float:
+        """What a CPU neighbour adds to ``d`` ms of loop work starting at ``t``: the profiles' extra for the work
+        of the loop's spell so far plus this, less what the spell's earlier work was charged. A spell starts
+        where the loop wakes from idle, at the quantile of the neighbour's phase then; its first piece pays the
+        wake-up, unless the loop woke before the request arrived (that wake-up precedes its server span)."""
+        if fresh:
+            u = req_phase[r] - (t - req_t0[r]) / PERIOD_MS
+            spell_u[server], spell_w[server] = u - math.floor(u), 0.0
+            before = 0.0 if loop_free[server] >= req_t0[r] else neighbour(0.0, spell_u[server])
+        else:
+            before = neighbour(spell_w[server], spell_u[server])
+        spell_w[server] += d
+        return neighbour(spell_w[server], spell_u[server]) - before
 
     def cpu_of(w: Workload, j: int, col: int) -> tuple[float, float]:
         if w.cpu_before is None or w.cpu_after is None:
@@ -470,27 +485,21 @@ def simulate_scenario(
 
 
 def _neighbour(scenario: Scenario, store: SupportsSelect | None) -> tuple[Neighbour | None, list[str]]:
-    """A CPU neighbour's wake-up cost, charged where the simulated loop wakes from idle, or None.
+    """A CPU neighbour's cost to the loop's spells of work (:data:`Neighbour`), or None without CPU profiles.
 
-    The pieces of work hold the loop for the fair share (:func:`analyzer.predict.node_durations`); a piece the
-    loop wakes up for (its idle gap before it is positive) takes the CPU profiles' extra instead, at the
-    quantile of the neighbour's phase when it starts (:func:`analyzer.interference.phase_quantiles`). Decided
-    statically, every step after an io call would pay a wake-up, where one wake-up of the loop serves every
-    callback that is ready: the branches of a fan-out whose answers arrive together.
+    The probes behind the profiles sleep and then run W ms of work, timed from the wake-up: what the loop does
+    from the moment an answer wakes it until it idles again, one wake-up serving every callback that is ready
+    (a fan-out whose answers arrive together pays one). So the simulation charges each spell of the loop's
+    work what the profiles say for that much work, at the quantile of the neighbour's phase when the spell
+    starts (:func:`analyzer.interference.phase_quantiles`), piece by piece as the spell grows.
     """
     cpu = [c for c in scenario.changes if isinstance(c, Interference)]
     profile = stretch_profile(store, cpu[-1].cpu_pct) if cpu and store is not None else None
     if profile is None:
         return None, []
-    factor = cpu_slowdown(cpu[-1].cpu_pct)
-
-    def cost(d: float, start: float, phase: float) -> float:
-        work = d / factor  # the piece's work at full speed (its duration holds the fair share)
-        u = phase - start / PERIOD_MS
-        return profile.at(work, u - math.floor(u)) - (factor - 1.0) * work
-
-    return cost, [f"interference: pieces of work the simulated loop wakes up for (idle before them) take the CPU "
-                  f"profiles' extra at the neighbour's phase instead of the fair share, from {profile.how}"]
+    return profile.at, [f"interference: each spell of the simulated loop's work, from a wake-up until it idles, "
+                        f"takes the CPU profiles' extra for that much work at the neighbour's phase when it "
+                        f"starts, from {profile.how}"]
 
 
 class _WakeCost:
@@ -665,7 +674,8 @@ def _simulate_once(
                      f"{'' if f.replicas or len(endpoints) > 1 else ' (2 assumed: give ?replicas=R)'}")
 
     neighbours = [c for c in scenario.changes if isinstance(c, Interference)]
-    stretch = cpu_slowdown(neighbours[-1].cpu_pct) if neighbours else 1.0
+    # a neighbour without CPU profiles: the fair share, as analyzer.predict stretched the calls' durations
+    stretch = cpu_slowdown(neighbours[-1].cpu_pct) if neighbours and neighbour is None else 1.0
     nesting = _Nesting(graphs, models, load.nested, load.mix)
     curves = _Curves(store, scenario)
     ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = 0

@@ -22,12 +22,13 @@ How each change turns into node durations (``--explain`` prints it for every nod
   else a linear cost model fitted on the baseline: ``d_i + b * (BYTES - payload_i)`` with the per-byte cost
   ``b`` the Theil-Sen slope of duration on payload (max of request and response bytes) over every recorded
   call of that api to that resource. That needs payloads that vary; otherwise a ProfileError says to profile.
-- ``interference:cpu=PCT``: a compute node's CPU time ``c_i`` and an io call's own CPU on the loop (its
+- ``interference:cpu=PCT``: with CPU profiles in the store the scenario is simulated (:mod:`analyzer.loadsim`),
+  and each spell of the loop's work, from a wake-up until the loop idles again, takes what the profiles say a
+  neighbour at PCT adds to a wake-up and that much work, at the quantile of the neighbour's phase when the
+  spell starts (:mod:`analyzer.interference`): the probes measure exactly that, a sleep and then W ms of
+  work. Without profiles, a compute node's CPU time ``c_i`` and an io call's own CPU on the loop (its
   ``cpu_ms``) are stretched by the fair share :func:`~analyzer.interference.cpu_slowdown`, their waiting parts
-  unchanged (without a CPU measurement the whole segment counts as CPU). With CPU profiles in the store the
-  scenario is simulated (:mod:`analyzer.loadsim`), and a piece of work the simulated loop wakes up for (idle
-  before it) takes what the profiles say a neighbour at PCT adds to a wake-up and that much work instead, at
-  the quantile of the neighbour's phase when it starts (:mod:`analyzer.interference`).
+  unchanged (without a CPU measurement the whole segment counts as CPU).
 - timer nodes racing work (``timeout_ms`` set) take their timeout, whatever the recorded request did.
 """
 
@@ -557,8 +558,11 @@ def node_durations(
         notes: list[str] = []
         if node.kind is NodeKind.IO:
             notes = _io_node(j, node, graph, scenario, graphs, store, idx, per_request, per_sample, rng, typical)
-            if cpu and node.cpu_ms and len(node.cpu_ms) == n:
+            if cpu and stretch is None and node.cpu_ms and len(node.cpu_ms) == n:
                 notes.append(_io_cpu_stretch(j, graph, node, cpu[-1].cpu_pct, per_request, per_sample, idx))
+        elif node.kind is NodeKind.COMPUTE and cpu and stretch is not None:
+            notes = ["interference: simulated: each spell of the loop's work, from a wake-up until it idles, takes "
+                     "what the CPU profiles say a neighbour adds to a wake-up and that much work, at its phase"]
         elif node.kind is NodeKind.COMPUTE and cpu:
             p = cpu[-1].cpu_pct / 100.0
             if node.cpu_ms and len(node.cpu_ms) == n:
@@ -569,11 +573,8 @@ def node_durations(
                 what = "whole segment (no CPU time recorded)"
             factor = cpu_slowdown(cpu[-1].cpu_pct)
             per_request[j] = per_request[j] + c * (factor - 1.0)
-            why = ("no CPU profile in the store: perfcast profile --cpu" if stretch is None else
-                   "simulated: where the loop wakes up for it, the CPU profiles' extra at the neighbour's phase "
-                   "instead")
             notes = [f"interference: {what} x {factor:.3g} (fair share with a neighbour busy {p:.0%} of the "
-                     f"time; {why})"]
+                     "time; no CPU profile in the store: perfcast profile --cpu)"]
         if notes:
             src = "profile" if j in per_sample else "model"
             sources[j] = NodeSource(node_id, node.kind.value, src, "; ".join(notes))
@@ -582,14 +583,8 @@ def node_durations(
 
 def _io_cpu_stretch(j: int, graph: CausalGraph, node: Node, cpu_pct: float, per_request: _CopyOnWrite,
                     per_sample: dict[int, FloatArray], idx: npt.NDArray[np.intp]) -> str:
-    """Interference on an io call's own CPU (the client library's work on the loop, the node's ``cpu_ms``).
-
-    The fair share (:func:`~analyzer.interference.cpu_slowdown`), not the probes: the wake-up for the call's
-    answer is charged apart, to the piece of work the simulated loop wakes up for
-    (``analyzer.loadsim._neighbour``), and what is left is work done by a running loop. On the example's index page this CPU is 6.6 ms per request over 42 calls, beside 11.5 ms in its
-    compute steps (collected); left unstretched, a neighbour at 50% was predicted 3.5-5.5 ms short on that
-    page (benchmarks/whatif_accuracy.py, runs 36 and 37).
-    """
+    """Interference without CPU profiles on an io call's own CPU (the client library's work on the loop, the
+    node's ``cpu_ms``): the fair share (:func:`~analyzer.interference.cpu_slowdown`)."""
     factor = cpu_slowdown(cpu_pct)
     c = np.minimum(_array(graph, node, "cpu_ms"), per_request[j])
     if j in per_sample:
@@ -597,9 +592,8 @@ def _io_cpu_stretch(j: int, graph: CausalGraph, node: Node, cpu_pct: float, per_
     else:
         per_request[j] = per_request[j] + c * (factor - 1.0)
     return (f"interference: the call's CPU on the loop (the client library's work, {float(np.mean(c)):.3g} ms) x "
-            f"{factor:.3g} (fair share with a neighbour busy {cpu_pct:g}% of the time; the wake-up for the answer is "
-            "charged apart)")
-
+            f"{factor:.3g} (fair share with a neighbour busy {cpu_pct:g}% of the time; no CPU profile in the "
+            "store)")
 
 
 class _CopyOnWrite:

@@ -280,27 +280,27 @@ def cpu_store(path: Path, extra: dict[float, float]) -> ProfileStore:
 
 
 class TestInterferenceProfiles:
-    def test_a_step_after_a_call_gains_the_profiled_extra(self, tmp_path: Path) -> None:
-        # io a (2 ms) -> c (1 ms, all CPU, the loop wakes up for it) -> d (0.5 ms, follows c: already awake)
+    def test_a_spell_of_work_after_a_call_gains_the_profiled_extra_for_all_of_it(self, tmp_path: Path) -> None:
+        # io a (2 ms) -> c (1 ms, all CPU, the loop wakes up for it) -> d (0.5 ms, right after c): one spell of the
+        # loop's work, 1.5 ms after a wake-up, which the profiles price at 0.8 + (0.5 / 3) x (2.0 - 0.8) = 1.0
         g = graph("GET /", [io("a", [2.0] * 4), compute("c", [1.0] * 4, [1.0] * 4), compute("d", [0.5] * 4, [0.5] * 4)],
                   [("start", "a"), ("a", "c"), ("c", "d"), ("d", "end")])
         with cpu_store(tmp_path / "p.db", {0.5: 0.3, 1.0: 0.8, 4.0: 2.0}) as s:
             (p,) = predict([g], "interference:cpu=50", s, samples=2000, rng=rng())
-        # c: + 0.8 (its work size was profiled); d: fair share 0.5 / 0.75, not a wake-up. Simulated (the loop's
-        # idle gaps tell which steps it wakes up for), as every scenario with CPU profiles is
-        np.testing.assert_allclose(p.predicted.samples_ms, 2.0 + 1.8 + 0.5 / 0.75, atol=1e-9)
+        np.testing.assert_allclose(p.predicted.samples_ms, 2.0 + 1.5 + 1.0, atol=1e-9)
         how = dict((s.node, s.how) for s in p.sources[0][1])
-        assert "where the loop wakes up for it" in how["c"] and "x 1.33" in how["d"]
-        assert any("simulated loop wakes up for" in n and "cpu 0.5ms" in n for n in p.notes)
+        assert "each spell of the loop's work" in how["c"] and "each spell" in how["d"]
+        assert any("each spell of the simulated loop's work" in n and "cpu 0.5ms" in n for n in p.notes)
 
     def test_the_wake_up_for_the_requests_arrival_is_not_added(self, tmp_path: Path) -> None:
-        # the first step runs when the request arrives: its wake-up came before the server span started, so
-        # it takes the fair share only, though the loop was idle (after the previous request's io call)
+        # the first step runs when the request arrives: its wake-up came before the server span started, so it
+        # gains what the profiles add to its work beyond a wake-up (0.8 - 0.3), though the loop was idle (after
+        # the previous request's io call)
         g = graph("GET /", [compute("c", [1.0] * 4, [1.0] * 4), io("a", [2.0] * 4)],
                   [("start", "c"), ("c", "a"), ("a", "end")])
-        with cpu_store(tmp_path / "p.db", {1.0: 0.8}) as s:
+        with cpu_store(tmp_path / "p.db", {0.05: 0.3, 1.0: 0.8}) as s:
             (p,) = predict([g], "interference:cpu=50", s, samples=500, rng=rng())
-        np.testing.assert_allclose(p.predicted.samples_ms, 1.0 / 0.75 + 2.0, atol=1e-9)
+        np.testing.assert_allclose(p.predicted.samples_ms, 1.0 + 0.5 + 2.0, atol=1e-9)
 
     def test_extra_interpolates_between_work_sizes_and_scales_above(self, tmp_path: Path) -> None:
         def predicted(cpu_ms: float) -> float:
@@ -324,17 +324,19 @@ class TestInterferenceProfiles:
         assert none is None
 
     def test_steps_meet_the_neighbour_in_the_phase_of_when_they_start(self, tmp_path: Path) -> None:
-        # A step of 1 ms woken while the neighbour runs waits 2 ms more, half the time (quantiles >= 0.5)
+        # A wake-up followed by 1 or 2 ms of work waits 2 ms more while the neighbour runs, half the time
+        # (quantiles >= 0.5)
         from analyzer.interference import PERIOD_MS, cpu_api
 
         def bimodal(path: Path) -> ProfileStore:
             st = ProfileStore(path)
-            st.add(ProfileKey.make(cpu_api(1.0), "cpu://h", {}, "cpu_pct", 0.0), [1.0] * 200)
-            st.add(ProfileKey.make(cpu_api(1.0), "cpu://h", {}, "cpu_pct", 50.0), [1.0] * 100 + [3.0] * 100)
+            for w in (1.0, 2.0):
+                st.add(ProfileKey.make(cpu_api(w), "cpu://h", {}, "cpu_pct", 0.0), [w] * 200)
+                st.add(ProfileKey.make(cpu_api(w), "cpu://h", {}, "cpu_pct", 50.0), [w] * 100 + [w + 2.0] * 100)
             return st
 
         # two steps woken at the same moment (1 ms into the request): one wake-up of the loop serves both, which
-        # run one after the other (the second at the fair share): delayed together or not at all
+        # run one after the other, one spell of 2 ms: delayed together, by one wake-up, or not at all
         together = graph("GET /", [io("a", [1.0] * 4), compute("c1", [1.0] * 4, [1.0] * 4),
                                    io("b", [1.0] * 4), compute("c2", [1.0] * 4, [1.0] * 4)],
                          [("start", "a"), ("a", "c1"), ("c1", "end"), ("start", "b"), ("b", "c2"), ("c2", "end")])
@@ -349,8 +351,7 @@ class TestInterferenceProfiles:
             (same,) = predict([together], "interference:cpu=50", st, samples=4000, rng=rng())
             (half,) = predict([apart], "interference:cpu=50", st, samples=4000, rng=rng())
         # (the quantile grid's two cells at 0.5 interpolate between the modes: 0.005 ms either way)
-        second = 1.0 * cpu_slowdown(50.0)  # 1 ms of work at the fair share: 4 / 3
-        assert set(np.round(same.predicted.samples_ms, 1)) == {round(2.0 + second, 1), round(4.0 + second, 1)}
+        assert set(np.round(same.predicted.samples_ms, 1)) == {3.0, 5.0}
         slow = float(np.mean(same.predicted.samples_ms > 4.0))
         assert slow == pytest.approx(0.5, abs=0.03)  # a wake-up each, drawn independently: 0.75
         once = 1.0 + 1.0 + PERIOD_MS / 2 - 1.0 + 1.0 + 2.0
