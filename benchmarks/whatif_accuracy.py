@@ -82,6 +82,7 @@ from replayer.groundtruth import (
     deploy,
     measure,
     measure_idle,
+    measure_loaded,
     measure_paired,
     measured_requests,
 )
@@ -444,20 +445,26 @@ def main(argv: list[str] | None = None) -> int:
                                            spans=work / f"{case.name}.paired.jsonl", on_step=status)
             with runs.open("wb") as f:
                 pickle.dump((bases, lights, truths), f)
+        elif calibrate:
+            bases = [measure(case_setup, requests=per_round, spans=work / f"{case.name}.base{k}.jsonl",
+                             on_step=status) for k in range(ns.rounds)]
+            # the light runs that calibrate the prediction and the loaded runs it predicts take turns in one
+            # deployment without the collector, a few seconds apart. N users need a longer window than one to
+            # reach their steady state: 100 requests at 16 users last under a second, 6 per user after a
+            # warm-up of about one each
+            lights, truths = measure_loaded(case_setup, case.applied, users=case.users,
+                                            requests=max(per_round, LOAD_REQUESTS_PER_USER * case.users),
+                                            light_requests=per_round, blocks=ns.rounds,
+                                            warmup_requests=max(20, 4 * case.users), on_step=status)
+            with runs.open("wb") as f:
+                pickle.dump((bases, lights, truths), f)
         else:
             bases, lights, truths = [], [], []
             for k in range(ns.rounds):
                 bases.append(measure(case_setup, requests=per_round, spans=work / f"{case.name}.base{k}.jsonl",
                                      on_step=status))
-                if calibrate:
-                    lights.append(measure(case_setup, requests=per_round, on_step=status))
-                # N users need a longer window than one to reach their steady state: 100 requests at 16 users
-                # last under a second, 6 per user after a warm-up of about one each
-                truths.append(measure(case_setup, case.applied, users=case.users,
-                                      requests=max(per_round, LOAD_REQUESTS_PER_USER * case.users),
-                                      warmup_requests=max(20, 4 * case.users),
-                                      spans=None if calibrate else work / f"{case.name}.truth{k}.jsonl",
-                                      on_step=status))
+                truths.append(measure(case_setup, case.applied, users=case.users, requests=per_round,
+                                      spans=work / f"{case.name}.truth{k}.jsonl", on_step=status))
             with runs.open("wb") as f:
                 pickle.dump((bases, lights, truths), f)
         reqs = [req for b in bases for req in _window_requests(b)]

@@ -101,7 +101,7 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     from analyzer.predict import predict
     from analyzer.selfcheck import summarize
     from analyzer.spans import process_cpu, read_spans
-    from replayer.groundtruth import (BLOB_NAME, Applied, ForumSetup, client_mix, measure, measure_paired,
+    from replayer.groundtruth import (BLOB_NAME, Applied, ForumSetup, client_mix, measure_loaded, measure_paired,
                                       measured_requests)
 
     console = console or Console()
@@ -166,12 +166,20 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     for name, spec, n_users, what in cases:
         console.rule(f"[bold]3. what if[/] {spec}")
         console.print(f"  {what}", highlight=False)
-        model, collected = graphs, True
+        model, collected, loaded = graphs, True, []
         if n_users > 1:
-            step("the same light load without the collector, for its CPU and latency")
-            light = measure(setup, requests=requests, warmup_requests=warmup, on_step=step, log_dir=out / "logs")
-            model, calibration = calibrate(graphs, ROUTES, light.loop_cpu_ms, light.client_ms,
-                                           preempted_ms=light.loop_preempted_ms)
+            step(f"the app without the collector, one user and {n_users} users taking turns: the light runs for "
+                 "its CPU and latency, the loaded ones to compare with")
+            lights, loaded = measure_loaded(setup, Applied(), users=n_users,
+                                            requests=max(requests // 2, 8 * n_users),
+                                            light_requests=max(requests // 2, 1), blocks=2, warmup_requests=warmup,
+                                            on_step=lambda text: None if text.startswith("block ") else step(text),
+                                            log_dir=out / "logs")
+            n = [sum(map(len, t.client_ms.values())) for t in lights]
+            model, calibration = calibrate(
+                graphs, ROUTES, sum(t.loop_cpu_ms * k for t, k in zip(lights, n, strict=True)) / sum(n),
+                {r: [x for t in lights for x in t.client_ms.get(r, ())] for r in ROUTES},
+                preempted_ms=sum(t.loop_preempted_ms * k for t, k in zip(lights, n, strict=True)) / sum(n))
             step(calibration.describe())
             collected = False
         store = _wake_profile(setup, out, quick, step) if name == "location" else None
@@ -179,9 +187,7 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
         preds = predict(model, spec, store, samples, rng)
         if store is not None:
             store.close()
-        truths = located if name == "location" else [
-            measure(setup, Applied(), users=n_users, requests=requests, warmup_requests=warmup, on_step=step,
-                    log_dir=out / "logs")]
+        truths = located if name == "location" else loaded
         rows = []
         for p in preds:
             got = [x for t in truths for x in t.latencies(p.route)]

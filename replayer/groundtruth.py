@@ -71,6 +71,7 @@ __all__ = [
     "loop_switches",
     "measure",
     "measure_idle",
+    "measure_loaded",
     "measure_paired",
     "measured_requests",
     "preempted_s",
@@ -380,6 +381,8 @@ class Deployment:
     app_cpus: frozenset[int] = frozenset()
     """The cores the app is pinned to (``ForumSetup.pin``; empty: not pinned). A noisy neighbour of the app
     goes there."""
+    app_urls: tuple[str, ...] = ()
+    """The serving app replicas themselves, not through the balancer (same order as ``app_pids``)."""
 
 
 BLOB_NAME = "blob"
@@ -517,9 +520,10 @@ def deploy(
         if applied.cpu_pct > 0:
             step(f"starting a noisy neighbour taking {applied.cpu_pct:g} % of each core")
             stack.enter_context(CpuHog(applied.cpu_pct, cpus=frozenset(app_cpus)))
-        serving = [p.proc.pid for p in processes[1:] if p.proc.poll() is None]
+        serving = [(p.proc.pid, u) for p, u in zip(processes[1:], app_urls, strict=True) if p.proc.poll() is None]
         yield Deployment(url, f"http://{blob_proxy.address}", resources, tuple(spans_files), by_resource,
-                         tuple(serving), blob_url, frozenset(app_cpus))
+                         tuple(pid for pid, _ in serving), blob_url, frozenset(app_cpus),
+                         tuple(u for _, u in serving))
         step("stopping")
 
 
@@ -567,6 +571,51 @@ def measure(
                                       d.app_pids)
         applied_delays = {name: p.applied_delay_ms() for name, p in d.proxies.items() if p.delay_ms > 0}
     return _truth(d, users, result, window, cpu_s, applied_delays, _requests(d.spans) if d.spans else [])
+
+
+def measure_loaded(
+    setup: ForumSetup,
+    applied: Applied,
+    *,
+    users: int,
+    requests: int,
+    light_requests: int,
+    blocks: int = 3,
+    warmup_requests: int = 20,
+    max_duration_s: float = 60.0,
+    paths: Sequence[str] = APP_PATHS,
+    log_dir: str | os.PathLike[str] | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> tuple[list[GroundTruth], list[GroundTruth]]:
+    """One user and ``users`` users taking turns in one deployment of the app without the collector.
+
+    ``blocks`` pairs of a light phase (one user, ``light_requests`` measured requests, sent to a serving app
+    replica itself: today's deployment has no balancer) and a loaded phase (``users`` users through the
+    deployment's front, ``requests`` measured after ``warmup_requests``), the two in a random order in each
+    pair (seeded by ``setup.seed``). Returns (the light phases, the loaded phases), one :class:`GroundTruth`
+    each, client-side: the light phases calibrate a prediction of the loaded ones
+    (``analyzer.loadsim.calibrate``), and this machine's speed drifts by more between two deployments a minute
+    apart than a prediction may be off, so both are measured in one deployment, a few seconds apart.
+    """
+    if users < 2 or requests < 1 or light_requests < 1 or blocks < 1 or warmup_requests < 0:
+        raise ValueError("need users >= 2, requests, light_requests and blocks >= 1, warmup_requests >= 0")
+    step = on_step or (lambda text: None)
+    rng = random.Random(setup.seed)
+    lights: list[GroundTruth] = []
+    truths: list[GroundTruth] = []
+    with deploy(setup, applied, log_dir=log_dir, on_step=on_step) as d:
+        for k in range(blocks):
+            seed = None if setup.seed is None else setup.seed + k
+            for loaded in rng.sample([False, True], 2):
+                step(f"block {k + 1} of {blocks}: " + (f"{users} users, {requests} requests" if loaded else
+                                                       f"1 user, {light_requests} requests"))
+                result, window, cpu = _load(d.url if loaded else d.app_urls[0], users if loaded else 1,
+                                            requests if loaded else light_requests, max_duration_s,
+                                            warmup_requests if loaded else min(warmup_requests, 5), paths, seed,
+                                            d.app_pids)
+                (truths if loaded else lights).append(
+                    _truth(d, users if loaded else 1, result, window, cpu, {}, []))
+    return lights, truths
 
 
 def measure_paired(
@@ -635,7 +684,8 @@ def measure_paired(
             time.sleep(0.5)  # its processes start (spawned interpreters) before the first pause
             hog.pause()
 
-        def switch(on: bool) -> None:
+        def switch(on: bool | None) -> None:
+            on = bool(on)
             for proxy, ms in delayed:
                 proxy.delay_ms = ms if on else 0.0
             if hog is not None:
@@ -650,7 +700,8 @@ def measure_paired(
             turns = _turns(per_block, run, settle, None if setup.seed is None else setup.seed + k)
             step(f"block {k + 1} of {blocks}: {len(turns)} requests, today and the scenario taking turns "
                  f"{run} at a time")
-            board = _Switchboard(switch, turns, d.app_pids)
+            board = _Switchboard(lambda on, changed: switch(on) if changed else None, turns,
+                                 lambda on, measured: _LABELS[bool(on), measured], d.app_pids)
             for proxy, _ in delayed:
                 proxy.reset_lateness()
             try:
@@ -679,7 +730,7 @@ def measure_paired(
                     server.setdefault(req.route, []).append(req.latency_ms)
             n = sum(len(v) for v in client.values())
             elapsed_s = sum(b - a for a, b in slices) / 1e9
-            cpu = board.cpu[on]
+            cpu = board.cpu.get(on, [0.0] * 4)
             side.append(GroundTruth(
                 server_ms={r: tuple(v) for r, v in server.items()},
                 client_ms={r: tuple(v) for r, v in client.items()},
@@ -698,61 +749,66 @@ _LABELS = {(False, True): "today", (True, True): "scenario",
 """(the scenario on, measured) -> the label the switchboard gives the load client's request."""
 
 
-def _turns(per_side: int, run: int, settle: int, seed: int | None) -> list[tuple[bool, bool]]:
-    """(the scenario on, measured) for each request of a block: runs of ``run`` requests, a run of each side in a
+def _turns(per_side: int, run: int, settle: int, seed: int | None,
+           sides: Sequence[Any] = (False, True)) -> list[tuple[Any, bool]]:
+    """(side, measured) for each request of a block: runs of ``run`` requests, a run of each of ``sides`` in a
     random order, the first ``settle`` of each run not measured, until each side has ``per_side`` measured.
 
     Today's side is ``b`` / ``B`` below, the scenario's ``s`` / ``S``, capitals measured:
 
     >>> "".join(("sS" if on else "bB")[measured] for on, measured in _turns(5, 3, 1, seed=2))
-    'bBBsSSbBBsSSsSbB'
+    'bBBsSSbBBsSSbBsS'
     """
     rng = random.Random(seed)
-    out: list[tuple[bool, bool]] = []
+    out: list[tuple[Any, bool]] = []
     left = per_side
     while left > 0:
         n = min(run - settle, left)
-        first = rng.random() < 0.5
-        for on in (first, not first):
-            out += [(on, i >= settle) for i in range(settle + n)]
+        for side in rng.sample(list(sides), len(sides)):
+            out += [(side, i >= settle) for i in range(settle + n)]
         left -= n
     return out
 
 
 class _Switchboard:
     """The load client's controller (``examples.forum.load --control``): for each request it takes the next of
-    ``turns`` (the scenario on, measured), switches the scenario to it, notes when, and answers with its label.
+    ``turns`` (side, measured), readies the side (``prepare(side, changed)``: switch the scenario when the side
+    changed, or pause before the request), notes when, and answers with ``label(side, measured)``.
 
-    The CPU the app's ``pids`` spent between two switches is charged to the side of the measured request that
-    ran between them (:func:`cpu_s` and :func:`preempted_s`, read at each switch: about 0.1 ms, before
-    answering).
+    The CPU the app's ``pids`` spent between two answers is charged to the side of the measured request that
+    ran between them (:func:`cpu_s` and :func:`preempted_s`, read at each request: about 0.1 ms, before
+    ``prepare``).
     """
 
-    def __init__(self, switch: Callable[[bool], None], turns: Sequence[tuple[bool, bool]],
-                 pids: Sequence[int]) -> None:
-        self._switch = switch
+    def __init__(self, prepare: Callable[[Any, bool], None], turns: Sequence[tuple[Any, bool]],
+                 label: Callable[[Any, bool], str], pids: Sequence[int] = ()) -> None:
+        self._prepare = prepare
         self._order = iter(turns)
+        self._label = label
         self._pids = tuple(pids)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(60.0)
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self.marks: list[tuple[int, bool, bool]] = []
-        """(``time.time_ns()`` after the switch, the scenario on, measured) before each request."""
-        self.cpu: dict[bool, list[float]] = {False: [0.0] * 4, True: [0.0] * 4}
+        self.marks: list[tuple[int, Any, bool]] = []
+        """(``time.time_ns()`` once the side is ready, side, measured) before each request."""
+        self.cpu: dict[Any, list[float]] = {}
         """side -> [user, system, loop, preempted] seconds of the app's processes during that side's requests."""
         self._end_ns: int | None = None
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="groundtruth-switchboard", daemon=True)
         self._thread.start()
 
-    def _reading(self) -> tuple[tuple[float, float, float], tuple[float, int, int]]:
-        return cpu_s(self._pids), loop_switches(self._pids)
+    def _reading(self) -> tuple[tuple[float, float, float], tuple[float, int, int]] | None:
+        return (cpu_s(self._pids), loop_switches(self._pids)) if self._pids else None
 
-    def _charge(self, on: bool, before: Any, after: Any) -> None:
+    def _charge(self, before: Any, after: Any) -> None:
+        if before is None or after is None or not self.marks or not self.marks[-1][2]:
+            return
         (cpu0, pre0), (cpu1, pre1) = before, after
+        total = self.cpu.setdefault(self.marks[-1][1], [0.0] * 4)
         for i in range(3):
-            self.cpu[on][i] += cpu1[i] - cpu0[i]
-        self.cpu[on][3] += preempted_s(pre0, pre1)
+            total[i] += cpu1[i] - cpu0[i]
+        total[3] += preempted_s(pre0, pre1)
 
     def _serve(self) -> None:
         try:
@@ -765,20 +821,17 @@ class _Switchboard:
                 for line in lines:
                     if line.strip() != b"next":
                         raise GroundTruthError(f"the load client sent {line[:40]!r} to the switchboard")
-                    on, measured = next(self._order, (False, False))
-                    now = self._reading() if self._pids else None
-                    if last is not None and now is not None and self.marks[-1][2]:
-                        self._charge(self.marks[-1][1], last, now)
+                    side, measured = next(self._order, (None, False))
+                    now = self._reading()
+                    self._charge(last, now)
                     last = now
-                    if not self.marks or self.marks[-1][1] != on:
-                        self._switch(on)
-                    self.marks.append((time.time_ns(), on, measured))
-                    conn.sendall(f"{_LABELS[on, measured]}\n".encode())
+                    self._prepare(side, not self.marks or self.marks[-1][1] != side)
+                    self.marks.append((time.time_ns(), side, measured))
+                    conn.sendall(f"{self._label(side, measured)}\n".encode())
         except BaseException as exc:  # noqa: BLE001 - the load client sees the connection close; close() raises
             self._failure = exc
         finally:
-            if last is not None and self.marks and self.marks[-1][2]:
-                self._charge(self.marks[-1][1], last, self._reading())
+            self._charge(last, self._reading())
 
     def close(self, end_ns: int) -> None:
         """Stop serving (once the client is done); ``end_ns`` ends the last request's slice. Raises what the
@@ -791,11 +844,11 @@ class _Switchboard:
             failure, self._failure = self._failure, None
             raise GroundTruthError(f"the switchboard failed: {failure}") from failure
 
-    def slices(self, on: bool) -> list[tuple[int, int]]:
-        """The slices of time of the measured requests of one side: from each switch to the next (or the end)."""
+    def slices(self, side: Any) -> list[tuple[int, int]]:
+        """The slices of time of the measured requests of one side: from each mark to the next (or the end)."""
         ends = [m[0] for m in self.marks[1:]] + [self._end_ns if self._end_ns is not None else time.time_ns()]
-        return [(t, end) for (t, side, measured), end in zip(self.marks, ends, strict=True)
-                if side == on and measured]
+        return [(t, end) for (t, s, measured), end in zip(self.marks, ends, strict=True)
+                if s == side and measured]
 
 
 def _in_slices(req: Any, slices: Sequence[tuple[int, int]]) -> bool:
@@ -862,33 +915,55 @@ def measure_idle(
     *,
     requests: int = 100,
     rounds: int = 2,
+    run: int = 6,
+    settle: int = 1,
     path: str = "/post/{n}",
     spans: str | os.PathLike[str],
     on_step: Callable[[str], None] | None = None,
 ) -> IdleRun:
-    """The requests for ``path`` sent one at a time, each after a pause of ``idle_ms``, by pause: the data of
-    wake-up profiles (:func:`analyzer.wakeup.add_wake_profiles`; ``spans`` and ``IdleRun.every`` hold the
+    """The requests for ``path`` sent one at a time, each after a pause of one of ``idle_ms``, by pause: the data
+    of wake-up profiles (:func:`analyzer.wakeup.add_wake_profiles`; ``spans`` and ``IdleRun.every`` hold the
     warm-ups' too).
 
-    One deployment of the app under the collector; the pauses take turns, ``rounds`` times, ``requests / rounds``
-    requests each, so that the machine's drift is shared by all of them.
+    One deployment of the app under the collector; ``requests`` measured requests per pause, in ``rounds`` runs
+    of the load client. The pauses take turns a few requests at a time, as :func:`measure_paired`'s sides do
+    (runs of ``run`` requests after the same pause, each pause's run in a random order, the first ``settle`` of
+    each run not measured): a wake-up profile is the difference between pauses, and blocks of a hundred
+    requests per pause, one pause after the other, had the machine's drift between them. The pause is taken
+    by this process before it answers the client's question, so the app idles for the pause plus the question's
+    round trip (about 0.2 ms, the same for every pause).
     """
     if not idle_ms or rounds < 1 or requests < rounds:
         raise ValueError("idle_ms must not be empty, rounds >= 1 and requests >= rounds")
+    if not 0 <= settle < run:
+        raise ValueError(f"need 0 <= settle < run, got settle={settle}, run={run}")
     step = on_step or (lambda text: None)
-    windows: dict[float, list[tuple[int, int]]] = {}
-    client: dict[float, list[float]] = {}
+    levels = sorted({float(g) for g in idle_ms})
+    boards: list[tuple[Any, _Switchboard]] = []
     with deploy(setup, spans=spans, on_step=on_step) as d:
+        _load(d.url, 1, 5, 60.0, 0, (path,), setup.seed)  # warm-up
         for k in range(rounds):
-            for gap in idle_ms:
-                step(f"round {k + 1}: {requests // rounds} requests, {gap:g} ms apart")
-                result, window, _ = _load(d.url, 1, requests // rounds, 60.0, 5, (path,), setup.seed,
-                                          think_ms=gap)
-                windows.setdefault(float(gap), []).append(window)
-                client.setdefault(float(gap), []).extend(result.latencies_ms)
-    recorded = _requests(d.spans)  # read once, split by window
-    return IdleRun({gap: [r for r in recorded if any(_inside(r, w) for w in ws)] for gap, ws in windows.items()},
-                   client, recorded)
+            turns = _turns(requests // rounds, run, settle, None if setup.seed is None else setup.seed + k, levels)
+            step(f"round {k + 1} of {rounds}: {len(turns)} requests after pauses of "
+                 f"{', '.join(f'{g:g}' for g in levels)} ms, taking turns {run} at a time")
+            board = _Switchboard(lambda gap, changed: time.sleep(gap / 1000) if gap else None, turns,
+                                 lambda gap, measured: f"{gap:g}" if measured else "settling")
+            try:
+                result, window, _ = _load(d.url, 1, len(turns), 120.0, 0, (path,),
+                                          None if setup.seed is None else setup.seed + k, control=board.address)
+                board.close(window[1])
+            finally:
+                board.close(time.time_ns())
+            boards.append((result, board))
+    recorded = _requests(d.spans)  # read once, split by slices
+    client: dict[float, list[float]] = {g: [] for g in levels}
+    for result, _ in boards:
+        for ms, label in zip(result.latencies_ms, result.labels, strict=True):
+            if label != "settling":
+                client[float(label)].append(ms)
+    by_gap = {g: [r for r in recorded if any(_in_slices(r, board.slices(g)) for _, board in boards)]
+              for g in levels}
+    return IdleRun(by_gap, client, recorded)
 
 
 def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[str]:

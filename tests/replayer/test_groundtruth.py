@@ -23,6 +23,7 @@ from replayer.groundtruth import (
     loop_switches,
     measure,
     measure_idle,
+    measure_loaded,
     measure_paired,
     measured_requests,
     preempted_s,
@@ -183,13 +184,13 @@ def test_idle_runs_pause_between_requests_and_keep_only_their_own_requests(tmp_p
     elapsed = time.monotonic() - began
     assert {r.route for rs in run.requests.values() for r in rs} == {"GET /post/{id}"}
     got = {g: [r.latency_ms for r in rs] for g, rs in run.requests.items()}
-    # each pause level's requests, server-side (the 5 warm-up requests of each load are outside the windows)
+    # each pause level's measured requests, server-side (the warm-up and the first of each run left out)
     assert sorted(got) == [0.0, 30.0] and [len(got[g]) for g in (0.0, 30.0)] == [12, 12]
     # and the client's latencies of the same requests, which hold the server side and more
     assert [len(run.client_ms[g]) for g in (0.0, 30.0)] == [12, 12]
     assert all(sorted(run.client_ms[g])[6] > sorted(got[g])[6] for g in (0.0, 30.0))
-    # every recorded request, the 5 warm-ups of each of the 4 loads too
-    assert len(run.every) == 24 + 4 * 5
+    # every recorded request: the 5 warm-ups, and in each round runs of 6 (5 measured) and of 2 (1) per level
+    assert len(run.every) == 5 + 2 * 2 * (6 + 2)
     assert {r.trace_id for rs in run.requests.values() for r in rs} <= {r.trace_id for r in run.every}
     # the pause is not part of a latency (had it been, every one would be 30 ms or more; a lone request can
     # stall that long on a busy machine)
@@ -302,6 +303,23 @@ def test_failure_routes_all_load_to_the_surviving_replica() -> None:
     # replica 2 is stopped: had the balancer still sent connections to it, they would have failed
     assert truth.errors == 0 and len(truth.client_ms["GET /post/{id}"]) == 60
     assert truth.app_cpu_ms[0] > 0  # the surviving replica's CPU (the stopped one is not counted)
+
+
+def test_light_and_loaded_phases_take_turns_in_one_deployment() -> None:
+    lights, truths = measure_loaded(ForumSetup(seed=11), Applied(app_replicas=2, failed_replicas=1), users=3,
+                                    requests=30, light_requests=8, blocks=2, warmup_requests=3,
+                                    paths=("/post/{n}",))
+    assert len(lights) == len(truths) == 2
+    assert [t.users for t in lights + truths] == [1, 1, 3, 3]
+    assert all(len(t.client_ms["GET /post/{id}"]) == 8 for t in lights)
+    assert all(len(t.client_ms["GET /post/{id}"]) == 30 and t.errors == 0 for t in truths)
+    # one deployment, the phases one after the other: their windows never overlap, and each kind of phase
+    # comes once per block
+    windows = sorted((t.window_ns, t.users) for t in lights + truths)
+    assert all(a[0][1] <= b[0][0] for a, b in zip(windows, windows[1:]))
+    assert sorted(u for _, u in windows[:2]) == [1, 3] and sorted(u for _, u in windows[2:]) == [1, 3]
+    with pytest.raises(ValueError, match="users >= 2"):
+        measure_loaded(ForumSetup(), Applied(), users=1, requests=1, light_requests=1)
 
 
 def test_an_app_that_cannot_start_raises_with_its_log() -> None:
