@@ -5,28 +5,27 @@ the same for the loop's own work. ``perfcast profile --cpu 50`` measures, on the
 (the loop idle in ``epoll_wait`` between two steps) then a fixed amount of pure CPU work of ``work_ms``
 (calibrated with nobody else running), timed from when the probe asked to wake up to when the work is done.
 Each work size is a profile of api ``cpu <work_ms>ms`` parameterised by ``cpu_pct``: the neighbour's share of
-that core, 0 included. What a neighbour adds to a step of CPU work ``c`` is then read off the profiles:
+that core, 0 included. A probe is what the event loop does from the moment an answer wakes it until it idles
+again, so what a neighbour adds to such a spell of ``c`` ms of loop work is read off the profiles:
 
     extra(c, u) = Q_P,W(u) - Q_0,W(u)
 
 for the quantile ``u`` of an independent uniform draw (the neighbour's phase is unrelated to the request), at
 the work size ``W`` nearest ``c``: linear between the two measured sizes around ``c``, proportional to ``c``
-above the largest (a long step averages over the neighbour's periods), and the smallest size's extra below it
-(a short step still has to be woken up). The profiles hold what a model cannot: the scheduler's wake-up
+above the largest (a long spell averages over the neighbour's periods), and the smallest size's extra below it
+(a short spell still has to be woken up). The load simulation charges each spell of its loop's work that way
+(``analyzer.loadsim``). The profiles hold what a model cannot: the scheduler's wake-up
 latency and the bimodal fate of short steps (a step that starts while the neighbour sleeps runs at full speed,
 one that starts while it runs waits for it or shares the core), which on a 6.x kernel's EEVDF scheduler are
 not the fair share of :func:`cpu_slowdown`.
 
-The steps of one request do not draw their quantiles independently: the neighbour has a rhythm (the probes'
-neighbour is busy ``P`` % of every :data:`PERIOD_MS`), and steps a few microseconds apart meet it in the same
-phase. Each request draws a phase ``phi`` and a step that starts ``t`` ms into the request takes the quantile
-``u = frac(phi - t / T)`` (:func:`phase_quantiles`): the same for steps at the same time, uniform for each
-step on its own, as the probes measured it. ``t`` is when the step starts as predicted, after what the
-neighbour added to the steps before it: a step that waited out the neighbour's busy spell is followed by steps
-that meet its idle one. Drawn independently, one or other of the example post page's three
-woken steps (within 2 ms) was delayed in most requests, where the measured median hardly moved while the tail
-grew: on the recordings of five accuracy runs the ten interference rows went from 16.9 % mean median deviation
-(KS D 0.35) to 10.6 % (0.22) with the phase.
+The spells of one request do not draw their quantiles independently: the neighbour has a rhythm (the probes'
+neighbour is busy ``P`` % of every :data:`PERIOD_MS`), and spells a few microseconds apart meet it in the same
+phase. Each request draws a phase ``phi`` and a spell that starts ``t`` ms into the request takes the quantile
+``u = frac(phi - t / T)`` (:func:`phase_quantiles`): the same for spells at the same time, uniform for each
+on its own, as the probes measured it. ``t`` is when the spell starts as predicted, after what the neighbour
+added to the work before it: a spell that waited out the neighbour's busy time is followed by spells that
+meet its idle time.
 
 Without profiles the engine falls back to :func:`cpu_slowdown`, and says so.
 """

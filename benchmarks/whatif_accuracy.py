@@ -200,6 +200,8 @@ def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: An
     at a time, after pauses of :data:`IDLE_MS`, from the spans of one collected run, with the warm-up before the
     server span that the client-side latencies show."""
     got = measure_idle(setup, IDLE_MS, requests=200, rounds=2, spans=work / "wake.jsonl", on_step=status)
+    with (work / "wake.pkl").open("wb") as f:  # the profile's data, for building it again another way
+        pickle.dump(got, f)
     for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests, got.every,
                                   note="whatif_accuracy: server-side latency after a pause", client_ms=got.client_ms):
         status(f"wake-up profile: {line}")
