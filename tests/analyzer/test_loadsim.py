@@ -121,6 +121,23 @@ class TestCpuModel:
         # two users: 1 + 3 ms of loop per request, and the calls wait for their shares (saturated: 2 x 4 ms)
         assert mean_latency(graphs, "load:2") == pytest.approx(8.0, rel=0.01)
 
+    def test_a_fire_and_forget_tasks_work_is_not_queued_again_at_the_recorded_load(self) -> None:
+        # GET / answers after 1 ms of compute and leaves a task behind: a 0.2 ms call, then 2 ms of compute,
+        # which runs while the next request (GET /x, 1 ms of compute) runs. The next request's recorded 1 ms
+        # holds what that cost it when recorded: one user does not queue it again
+        count = 20
+        g = CausalGraph("GET /", [Node("start", NodeKind.START, (0.0,) * count), compute("c", 1.0),
+                                  io("t1", 0.2), compute("t2", 2.0), Node("end", NodeKind.END, (0.0,) * count)],
+                        [("start", "c"), ("c", "end"), ("c", "t1"), ("t1", "t2")], latency_ms=[1.0] * count)
+        other = chain("GET /x", compute("x", 1.0))
+        preds = {p.route: p for p in predict([g, other], "load:1", samples=2000, rng=rng())}
+        np.testing.assert_allclose(preds["GET /x"].predicted.samples_ms, 1.0)
+        np.testing.assert_allclose(preds["GET /"].predicted.samples_ms, 1.0)
+        # two users: the task's 2 ms hold the loop as the other user's work does (2 + 1 + 1 ms per pair of
+        # requests on average, where without it 1 + 1)
+        preds = {p.route: p for p in predict([g, other], "load:2", samples=2000, rng=rng())}
+        assert preds["GET /x"].predicted.mean > 2.2
+
     def test_background_spread_over_calls_of_each_route(self) -> None:
         # one route with 3 calls, one with 1, equal shares: 2 calls per request on average, 1 ms per call
         three = chain("GET /a", io("x", 10.0), io("y", 10.0), io("z", 10.0))
