@@ -5,33 +5,34 @@ distribution from today's spans and offline profiles, then deploy the scenario f
 prediction by the vertical deviations |F1(x) - F2(x)| of the two CDFs (median, and the max: the KS D).
 Goal: median deviation < 5 % and KS D < 0.15 for every scenario (WebPerf reports medians under 7 %).
 
-Steps, per scenario (docs/demo.md says why each choice):
-1. location and interference (what can be switched in a running app): one deployment of the forum app under
-   the collector, one user, where ``--blocks`` blocks of today's deployment and as many with the scenario
-   switched on (the proxy's delay, the CPU hog resumed) take turns, ``--requests / --blocks`` requests each
-   (``replayer.groundtruth.measure_paired``): the machine's drift and the deployment's own luck (cores,
-   memory) fall on both sides alike. ``--separate`` measures them as the other cases are:
-   ``--rounds`` alternations of a baseline run (the forum app under the collector, one user) and a run of the
-   scenario applied for real (users, payload, a failed replica behind a balancer; the app under the collector
-   again), each a deployment of its own, ``--requests / --rounds`` measured requests each;
-2. graphs from the pooled baseline runs' (blocks') measured windows;
-3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size (size: the app's
-   ``--payload-bytes`` changes its blob fetches only, so the spec filters on that api), RTTs through the proxy
-   at 0 ms and with the delay (the ``(rtt)`` rows of location), and once, before the location cases, a
-   wake-up profile of the app (``analyzer.wakeup``: the post page's server-side latency, from the spans, one
-   request at a time after pauses of 0-40 ms; ``--no-wake`` leaves it out): the loop's longer idle gaps are
-   charged what the profile says they cost in the nominal and ``(applied)`` rows; the ``(no wake-up)`` rows
-   predict the nominal delay without it, and the ``(rtt)`` rows too (an RTT profile measured end to end by a
-   client idle between calls holds the cold start already);
-4. predict (``analyzer.predict``) and compare with the pooled server-side latencies of the scenario runs; the
-   location cases are also predicted for the delay the proxy really added in the scenario runs (its threads wake
+Steps, per scenario (docs/demo.md and docs/accuracy.md say why each choice):
+1. what can be switched in a running app (location, size, interference, and the first case, which changes
+   nothing: its score is the floor under the others): one deployment of the forum app under the collector,
+   one user, today's deployment and the scenario taking turns ``--run`` requests at a time, the first of each
+   run not measured (``replayer.groundtruth.measure_paired``: the harness switches the proxy's delay, the CPU
+   hog, the blob service's stored blobs before each request the load client asks it about), ``--requests``
+   measured requests a side in ``--blocks`` runs of the client. Load and failure: ``--rounds`` baseline runs
+   (the app under the collector, one user), then the light runs that calibrate the prediction (one user) and
+   the loaded runs (users, a failed replica behind a balancer) taking turns in one deployment without the
+   collector (``measure_loaded``). ``--separate`` measures the switchable cases in deployments of their own;
+2. graphs from the baseline's measured requests;
+3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size (the size case's
+   spec filters on that api), RTTs through the proxy at 0 ms and with the delay (the ``(rtt)`` rows of
+   location), CPU probes for interference, and once, before the location cases, a wake-up profile of the app
+   (``analyzer.wakeup``: the post page's server-side latency after pauses of 0-40 ms taking turns;
+   ``--no-wake`` leaves it out): the loop's longer idle gaps are charged what the profile says they cost in
+   the nominal and ``(applied)`` rows; the ``(no wake-up)`` rows predict the nominal delay without it, and the
+   ``(rtt)`` rows too (an RTT profile measured end to end by a client idle between calls holds the cold start
+   already);
+4. predict (``analyzer.predict``) and compare with the scenario's server-side latencies (client-side for load
+   and failure); the location cases are also predicted for the delay the proxy really added (its threads wake
    late on a busy machine: ``LatencyProxy.applied_delay_ms``), the ``(applied)`` rows.
 
 Real Redis and PostgreSQL are used when they answer on 127.0.0.1 (``--embedded`` forces the app's SQLite and
 the blob service's cache). Raw results go to ``benchmarks/results/whatif_accuracy.json``. Run::
 
-    python benchmarks/whatif_accuracy.py [--requests 300] [--rounds 3] [--blocks 10] [--separate] [--users 16]
-                                         [--embedded] [--only load,size]
+    python benchmarks/whatif_accuracy.py [--requests 300] [--rounds 3] [--blocks 10] [--run 6] [--separate]
+                                         [--users 16] [--embedded] [--only nothing,load,size]
 
 Every run keeps its recordings (spans, runs, profiles) in a work directory, printed at the end;
 ``--recordings DIR`` predicts again from them without measuring, so that two versions of the engine are

@@ -157,8 +157,8 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
          "the blob service (blobs, cache, ads) moved 20 ms further away: measured in step 1's scenario requests"),
         ("load", f"load:{users}?{client_mix(routes=[g.route for g in graphs])}", users,
          f"{users} concurrent users instead of 1, asking for both pages half and half as the load client does, for "
-         "the app without the collector (which would cost it 3.6x its CPU under load): calibrated by one light "
-         "run without it"),
+         "the app without the collector (which would cost it 3.6x its CPU under load): calibrated by light runs "
+         "without it, which take turns with the loaded ones in one deployment"),
     ]
     samples = 2000 if quick else 10_000
     rng = np.random.default_rng(seed)
