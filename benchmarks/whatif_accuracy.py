@@ -86,6 +86,7 @@ from replayer.groundtruth import (
     measure_loaded,
     measure_paired,
     measured_requests,
+    pooled_light,
 )
 
 RESULTS = Path(__file__).with_name("results")
@@ -284,18 +285,9 @@ def _calibrated(graphs: list[Any], lights: list[GroundTruth]) -> tuple[list[Any]
     request there (``GroundTruth.loop_cpu_ms``), the time it was preempted (``loop_preempted_ms``), and per
     route the client-side latencies.
     """
-    counts = [sum(len(v) for v in t.client_ms.values()) for t in lights]
-
-    def per_request(values: list[float]) -> float:
-        """The runs' per-request figures pooled: weighted by their requests."""
-        return sum(x * n for x, n in zip(values, counts, strict=True)) / max(sum(counts), 1)
-
-    # recordings made before GroundTruth.loop_cpu_ms: the app's user + system CPU (its one thread, the loop's);
-    # before GroundTruth.loop_preempted_ms: none counted
-    loop_ms = per_request([getattr(t, "loop_cpu_ms", 0.0) or sum(t.app_cpu_ms) for t in lights])
-    preempted_ms = per_request([getattr(t, "loop_preempted_ms", 0.0) for t in lights])
-    without = {r: [x for t in lights for x in t.client_ms.get(r, ())] for r in ROUTES}
-    out, calibration = calibrate(graphs, ROUTES, loop_ms, without, preempted_ms=preempted_ms)
+    loop_ms, preempted_ms, without = pooled_light(lights)
+    out, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
+                                 preempted_ms=preempted_ms)
     return out, calibration.describe()
 
 
@@ -450,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                 bases, lights, truths = pickle.load(f)
         elif paired:
             lights = []
-            bases, truths = measure_paired(case_setup, case.applied, requests=ns.requests, blocks=ns.blocks, run=ns.run,
-                                           spans=work / f"{case.name}.paired.jsonl", on_step=status)
+            bases, truths = measure_paired(case_setup, case.applied, requests=ns.requests, blocks=ns.blocks,
+                                           run=ns.run, spans=work / f"{case.name}.paired.jsonl", on_step=status)
             with runs.open("wb") as f:
                 pickle.dump((bases, lights, truths), f)
         elif calibrate:

@@ -102,7 +102,7 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     from analyzer.selfcheck import summarize
     from analyzer.spans import process_cpu, read_spans
     from replayer.groundtruth import (BLOB_NAME, Applied, ForumSetup, client_mix, measure_loaded, measure_paired,
-                                      measured_requests)
+                                      measured_requests, pooled_light)
 
     console = console or Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -175,11 +175,9 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
                                             light_requests=max(requests // 2, 1), blocks=2, warmup_requests=warmup,
                                             on_step=lambda text: None if text.startswith("block ") else step(text),
                                             log_dir=out / "logs")
-            n = [sum(map(len, t.client_ms.values())) for t in lights]
-            model, calibration = calibrate(
-                graphs, ROUTES, sum(t.loop_cpu_ms * k for t, k in zip(lights, n, strict=True)) / sum(n),
-                {r: [x for t in lights for x in t.client_ms.get(r, ())] for r in ROUTES},
-                preempted_ms=sum(t.loop_preempted_ms * k for t, k in zip(lights, n, strict=True)) / sum(n))
+            loop_ms, preempted_ms, without = pooled_light(lights)
+            model, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
+                                           preempted_ms=preempted_ms)
             step(calibration.describe())
             collected = False
         store = _wake_profile(setup, out, quick, step) if name == "location" else None

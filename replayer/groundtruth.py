@@ -74,6 +74,7 @@ __all__ = [
     "measure_loaded",
     "measure_paired",
     "measured_requests",
+    "pooled_light",
     "preempted_s",
     "route_of",
 ]
@@ -618,6 +619,26 @@ def measure_loaded(
     return lights, truths
 
 
+def pooled_light(lights: Sequence[GroundTruth]) -> tuple[float, float, dict[str, list[float]]]:
+    """Light runs without the collector pooled, as ``analyzer.loadsim.calibrate`` takes them: (the CPU the app's
+    loop was held for per request, the time it was preempted per request, the client-side latencies by route).
+    Per-request figures are weighted by each run's requests; where a run did not measure the loop's CPU, the
+    app's user and system CPU stand for it (one thread, the loop's)."""
+    counts = [sum(len(v) for v in t.client_ms.values()) for t in lights]
+
+    def per_request(values: list[float]) -> float:
+        return sum(x * n for x, n in zip(values, counts, strict=True)) / max(sum(counts), 1)
+
+    # getattr: runs pickled before GroundTruth had these fields (the accuracy benchmark's recordings)
+    loop_ms = per_request([getattr(t, "loop_cpu_ms", 0.0) or sum(t.app_cpu_ms) for t in lights])
+    preempted_ms = per_request([getattr(t, "loop_preempted_ms", 0.0) for t in lights])
+    latencies: dict[str, list[float]] = {}
+    for t in lights:
+        for route, xs in t.client_ms.items():
+            latencies.setdefault(route, []).extend(xs)
+    return loop_ms, preempted_ms, latencies
+
+
 def measure_paired(
     setup: ForumSetup,
     applied: Applied,
@@ -697,7 +718,8 @@ def measure_paired(
             step(f"warming up: {warmup_requests} requests")
             _load(d.url, 1, warmup_requests, max_duration_s, 0, paths, setup.seed)
         for k in range(blocks):
-            turns = _turns(per_block, run, settle, None if setup.seed is None else setup.seed + k)
+            seed = None if setup.seed is None else setup.seed + k
+            turns = _turns(per_block, run, settle, seed)
             step(f"block {k + 1} of {blocks}: {len(turns)} requests, today and the scenario taking turns "
                  f"{run} at a time")
             board = _Switchboard(lambda on, changed: switch(on) if changed else None, turns,
@@ -705,13 +727,9 @@ def measure_paired(
             for proxy, _ in delayed:
                 proxy.reset_lateness()
             try:
-                result, window, _ = _load(d.url, 1, len(turns), max_duration_s, 0, paths,
-                                          None if setup.seed is None else setup.seed + k, d.app_pids,
-                                          control=board.address)
-                board.close(window[1])
+                result, window = board.drive(d.url, max_duration_s, paths, seed, d.app_pids)
             finally:
                 switch(False)
-                board.close(time.time_ns())
             added = {name: d.proxies[name].applied_delay_ms() for name, _ in applied.added_ms}
             runs.append((result, board, window, added))
     recorded = _requests(d.spans)  # complete once the app has stopped
@@ -783,6 +801,7 @@ class _Switchboard:
     def __init__(self, prepare: Callable[[Any, bool], None], turns: Sequence[tuple[Any, bool]],
                  label: Callable[[Any, bool], str], pids: Sequence[int] = ()) -> None:
         self._prepare = prepare
+        self.requests = len(turns)
         self._order = iter(turns)
         self._label = label
         self._pids = tuple(pids)
@@ -832,6 +851,18 @@ class _Switchboard:
             self._failure = exc
         finally:
             self._charge(last, self._reading())
+
+    def drive(self, url: str, max_duration_s: float, paths: Sequence[str], seed: int | None,
+              pids: Sequence[int] = ()) -> tuple[Any, tuple[int, int]]:
+        """One run of the load client (one user) that asks this switchboard before each of its ``turns``; the
+        load's result and its window (:func:`_load`). The switchboard is closed afterwards, whatever happens."""
+        try:
+            result, window, _ = _load(url, 1, self.requests, max_duration_s, 0, paths, seed, pids,
+                                      control=self.address)
+            self.close(window[1])
+        finally:
+            self.close(time.time_ns())
+        return result, window
 
     def close(self, end_ns: int) -> None:
         """Stop serving (once the client is done); ``end_ns`` ends the last request's slice. Raises what the
@@ -943,17 +974,13 @@ def measure_idle(
     with deploy(setup, spans=spans, on_step=on_step) as d:
         _load(d.url, 1, 5, 60.0, 0, (path,), setup.seed)  # warm-up
         for k in range(rounds):
-            turns = _turns(requests // rounds, run, settle, None if setup.seed is None else setup.seed + k, levels)
+            seed = None if setup.seed is None else setup.seed + k
+            turns = _turns(requests // rounds, run, settle, seed, levels)
             step(f"round {k + 1} of {rounds}: {len(turns)} requests after pauses of "
                  f"{', '.join(f'{g:g}' for g in levels)} ms, taking turns {run} at a time")
             board = _Switchboard(lambda gap, changed: time.sleep(gap / 1000) if gap else None, turns,
                                  lambda gap, measured: f"{gap:g}" if measured else "settling")
-            try:
-                result, window, _ = _load(d.url, 1, len(turns), 120.0, 0, (path,),
-                                          None if setup.seed is None else setup.seed + k, control=board.address)
-                board.close(window[1])
-            finally:
-                board.close(time.time_ns())
+            result, _ = board.drive(d.url, 120.0, (path,), seed)
             boards.append((result, board))
     recorded = _requests(d.spans)  # read once, split by slices
     client: dict[float, list[float]] = {g: [] for g in levels}

@@ -79,7 +79,8 @@ async def _blob(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text="blob id and ?bytes= must be integers") from None
     if not 0 <= size <= _MAX_BLOB:
         raise web.HTTPBadRequest(text=f"?bytes= must be between 0 and {_MAX_BLOB}")
-    size = request.app[_BLOB_BYTES][0] if request.app[_BLOB_BYTES][0] is not None else size
+    stored = request.app[_BLOB_BYTES][0]
+    size = stored if stored is not None else size
     await _delay(request)
     stamp = blob_id.to_bytes(8, "big")
     body = (stamp * (size // 8 + 1))[:size]

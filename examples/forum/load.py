@@ -29,6 +29,7 @@ import contextlib
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 import time
@@ -196,6 +197,8 @@ async def run_load(
         raise ValueError("paths must not be empty and n_max must be at least 1")
     if control is not None and (users != 1 or rate_rps is not None):
         raise ValueError("a controller labels the requests of one closed-loop user: give users=1 and no rate")
+    if control is not None and not re.fullmatch(r"\[?[^\s\]]+\]?:\d+", control):
+        raise ValueError(f"control {control!r}: expected HOST:PORT, e.g. 127.0.0.1:5000")
     rng = random.Random(seed)
     base = url.rstrip("/")
     start = time.perf_counter()

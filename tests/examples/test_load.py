@@ -105,3 +105,5 @@ async def test_a_controller_labels_each_request_before_it_is_sent(server: str) -
     assert LoadResult.from_json(result.to_json()) == result
     with pytest.raises(ValueError, match="one closed-loop user"):
         await run_load(server, users=2, requests=1, control=f"127.0.0.1:{port}")
+    with pytest.raises(ValueError, match="'localhost': expected HOST:PORT"):
+        await run_load(server, users=1, requests=1, control="localhost")

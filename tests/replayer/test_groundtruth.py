@@ -16,6 +16,7 @@ from replayer.groundtruth import (
     BLOB_NAME,
     Applied,
     ForumSetup,
+    GroundTruth,
     GroundTruthError,
     cpu_s,
     deploy,
@@ -26,6 +27,7 @@ from replayer.groundtruth import (
     measure_loaded,
     measure_paired,
     measured_requests,
+    pooled_light,
     preempted_s,
     route_of,
 )
@@ -320,6 +322,19 @@ def test_light_and_loaded_phases_take_turns_in_one_deployment() -> None:
     assert sorted(u for _, u in windows[:2]) == [1, 3] and sorted(u for _, u in windows[2:]) == [1, 3]
     with pytest.raises(ValueError, match="users >= 2"):
         measure_loaded(ForumSetup(), Applied(), users=1, requests=1, light_requests=1)
+
+
+def test_light_runs_pool_weighted_by_their_requests() -> None:
+    def light(n: int, loop_ms: float, preempted_ms: float) -> GroundTruth:
+        return GroundTruth(server_ms={}, client_ms={"GET /": (1.0,) * n, "GET /x": (2.0,)}, resources={}, users=1,
+                           throughput_rps=1.0, errors=0, elapsed_s=1.0, loop_cpu_ms=loop_ms,
+                           loop_preempted_ms=preempted_ms, app_cpu_ms=(9.0, 1.0))
+
+    loop_ms, preempted_ms, latencies = pooled_light([light(3, 2.0, 1.0), light(7, 4.0, 0.0)])
+    assert loop_ms == pytest.approx((4 * 2.0 + 8 * 4.0) / 12) and preempted_ms == pytest.approx(4 / 12)
+    assert latencies == {"GET /": [1.0] * 10, "GET /x": [2.0, 2.0]}
+    # a run that did not measure its loop's CPU: the app's CPU stands for it
+    assert pooled_light([light(1, 0.0, 0.0)])[0] == pytest.approx(10.0)
 
 
 def test_an_app_that_cannot_start_raises_with_its_log() -> None:
