@@ -734,15 +734,23 @@ class _Builder:
 
 
 def _count_inflight(calls: Sequence[_Obs]) -> None:
-    """Set each io node's ``inflight``: the request's calls to its resource open when it started (itself too)."""
-    by_resource: dict[str, list[IoCall]] = defaultdict(list)
+    """Set each io node's ``inflight``: the request's calls to its resource still waiting for their answers when
+    it started (itself too).
+
+    A call whose answer has come but waits for the loop (``queued_ns``, the end of the call spent behind other
+    tasks' steps) no longer loads the resource: a fan-out's calls start one loop step apart and their answers
+    wait for the loop to get through the rest, so counting open spans would put every call of ten behind the
+    nine before it, where the server had answered most of them (the ten blob fetches of the example's index
+    page: the tenth started while about four answers were outstanding).
+    """
+    by_resource: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for obs in calls:
         assert obs.io is not None
-        by_resource[obs.io.resource].append(obs.io)
+        by_resource[obs.io.resource].append((obs.io.start_ns, obs.io.end_ns - obs.queued_ns))
     for obs in calls:
         assert obs.io is not None
         start = obs.io.start_ns
-        obs.inflight = sum(1 for io in by_resource[obs.io.resource] if io.start_ns <= start < io.end_ns)
+        obs.inflight = max(1, sum(1 for a, b in by_resource[obs.io.resource] if a <= start < b))
 
 
 def _to_node(obs: _Obs) -> Node:

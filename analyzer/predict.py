@@ -96,7 +96,8 @@ class SupportsSelect(Protocol):
     """What the engine needs of a profile store: :meth:`analyzer.profiles.ProfileStore.select`."""
 
     def select(
-        self, api: str, resource: str, labels: Mapping[str, str], param: str = "", value: float | None = None
+        self, api: str, resource: str, labels: Mapping[str, str], param: str = "", value: float | None = None,
+        concurrency: float | None = None,
     ) -> _SelectionLike: ...
 
 
@@ -427,9 +428,16 @@ def _size_shift(
 
     WebPerf replaces the call's latency by the profile's. The shift keeps what the app's call holds beyond the
     profiled one, as the concurrency shift of :mod:`analyzer.loadsim` does: the client library's work, and the
-    queueing of a fan-out (the example's index page fetches twelve blobs at once, each recorded at 1.2-2.5 ms,
-    where the size profile's single caller took 0.32 ms at the same payload). None when today's payload lies
-    outside the measured sizes: the profile cannot say what a call of it takes.
+    queueing of a fan-out (the example's index page fetches ten blobs at once, each recorded at 1.8-3.1 ms,
+    where the size profile's single caller took 0.32 ms at the same payload).
+
+    When the store has the size profile at several concurrencies (``perfcast profile --size ... --concurrency
+    ...``), both quantile functions are read at the level of concurrency the call met when recorded (the io
+    node's ``inflight``: its own request's calls to the resource open when it started): the calls of a fan-out
+    share the server and the wire, so the n-th call's answer waits for the extra bytes of the n - 1 before it
+    (ten 256 KiB blobs fetched at once: the last answered 1.6 ms later than at 4 KiB, where one alone took
+    0.4 ms longer). None when today's payload lies outside the measured sizes: the profile cannot say what a
+    call of it takes.
     """
     today = float(np.median(payload))
     old = store.select(node.api, node.resource, labels, "size_bytes", today)
@@ -439,12 +447,33 @@ def _size_shift(
     ranks = np.empty(n, dtype=np.float64)
     ranks[np.argsort(recorded, kind="stable")] = (np.arange(n) + 0.5) / n
     u = ranks[idx]
-    shift = (np.quantile(np.asarray(new.samples_ms, dtype=np.float64), u)
-             - np.quantile(np.asarray(old.samples_ms, dtype=np.float64), u))
+    inflight = node.extra.get("inflight")
+    levels = (np.maximum(np.asarray(inflight, dtype=np.float64)[idx], 1.0)
+              if inflight is not None and _measured_levels(store, node.api) else np.ones(idx.size))
+    shift = np.empty(idx.size)
+    hows = []
+    for level in np.unique(levels):
+        at = levels == level
+        q_new, q_old = (new, old) if level == 1.0 and len(np.unique(levels)) == 1 else (
+            store.select(node.api, node.resource, labels, "size_bytes", size_bytes, float(level)),
+            store.select(node.api, node.resource, labels, "size_bytes", today, float(level)))
+        shift[at] = (np.quantile(np.asarray(q_new.samples_ms, dtype=np.float64), u[at])
+                     - np.quantile(np.asarray(q_old.samples_ms, dtype=np.float64), u[at]))
+        hows.append(q_new.how)
     drawn = np.maximum(recorded[idx] + shift, 0.0)
-    return drawn, (f"baseline + profile {node.api} at {size_bytes:g} B ({new.how}) - at today's payload "
-                   f"{today:g} B ({old.how}), at the call's rank among its recorded durations (median shift "
+    where = (f"({hows[0]})" if len(hows) == 1 else
+             f"at the concurrency each call met when recorded, {int(levels.min())}..{int(levels.max())} ({hows[-1]})")
+    return drawn, (f"baseline + profile {node.api} at {size_bytes:g} B {where} - at today's payload "
+                   f"{today:g} B, at the call's rank among its recorded durations (median shift "
                    f"{float(np.median(shift)):+.3g} ms)")
+
+
+def _measured_levels(store: SupportsSelect, api: str) -> bool:
+    """Whether the store has a size profile of ``api`` measured with more than one caller."""
+    listing = getattr(store, "keys", None)
+    return listing is not None and any(
+        getattr(k, "api", "") == api and getattr(k, "param", "") == "size_bytes" and getattr(k, "concurrency", 1) > 1
+        for k in listing())
 
 
 def _payload(node: Node, graph: CausalGraph | None = None) -> FloatArray | None:
@@ -491,12 +520,14 @@ class _MemoStore:
         return self._keys
 
     def select(
-        self, api: str, resource: str, labels: Mapping[str, str], param: str = "", value: float | None = None
+        self, api: str, resource: str, labels: Mapping[str, str], param: str = "", value: float | None = None,
+        concurrency: float | None = None,
     ) -> _SelectionLike:
-        key = (api, resource, tuple(sorted(labels.items())), param, value)
+        key = (api, resource, tuple(sorted(labels.items())), param, value, concurrency)
         if key not in self.memo:
             try:
-                self.memo[key] = self.store.select(api, resource, labels, param, value)
+                self.memo[key] = (self.store.select(api, resource, labels, param, value) if concurrency is None
+                                  else self.store.select(api, resource, labels, param, value, concurrency))
             except ProfileError as exc:
                 self.memo[key] = exc
         hit = self.memo[key]

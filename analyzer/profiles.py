@@ -54,16 +54,21 @@ RTT_API = "rtt"
 PARAMS = ("size_bytes", "concurrency", "cpu_pct", "idle_ms")
 """The workload parameters a parameterised profile can be keyed by."""
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS profile (
+FORMAT = "perfcast-profiles/2"
+
+_PROFILE_COLUMNS = """(
     id INTEGER PRIMARY KEY,
     api TEXT NOT NULL,
     resource TEXT NOT NULL,
     labels TEXT NOT NULL,
     param TEXT NOT NULL,
     value REAL NOT NULL,
-    UNIQUE (api, resource, labels, param, value)
-);
+    concurrency INTEGER NOT NULL DEFAULT 1,
+    UNIQUE (api, resource, labels, param, value, concurrency)
+)"""
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS profile {_PROFILE_COLUMNS};
 CREATE TABLE IF NOT EXISTS batch (
     id INTEGER PRIMARY KEY,
     profile_id INTEGER NOT NULL REFERENCES profile(id),
@@ -75,8 +80,20 @@ CREATE TABLE IF NOT EXISTS batch (
 );
 CREATE INDEX IF NOT EXISTS batch_profile ON batch(profile_id);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-INSERT OR IGNORE INTO meta VALUES ('format', 'perfcast-profiles/1');
+INSERT OR IGNORE INTO meta VALUES ('format', '{FORMAT}');
 """
+
+_FROM_V1 = f"""
+CREATE TABLE profile_v2 {_PROFILE_COLUMNS};
+INSERT INTO profile_v2(id, api, resource, labels, param, value, concurrency)
+    SELECT id, api, resource, labels, param, value,
+           CASE WHEN param = 'concurrency' THEN CAST(value AS INTEGER) ELSE 1 END FROM profile;
+DROP TABLE profile;
+ALTER TABLE profile_v2 RENAME TO profile;
+UPDATE meta SET value = '{FORMAT}' WHERE name = 'format';
+"""
+"""Format 1 had no ``concurrency`` column: every profile was measured with one caller, but those
+parameterised by concurrency, whose callers are their value. The ids stay, so the batches keep their profile."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,16 +111,25 @@ class ProfileKey:
     """``""`` = workload-independent; else ``size_bytes`` | ``concurrency`` | ``cpu_pct`` | ``idle_ms``."""
     value: float = 0.0
     """The parameter's value for a parameterised profile."""
+    concurrency: int = 1
+    """The callers in flight while it was measured (its ``value`` for a profile parameterised by
+    ``concurrency``). A payload profile measured at several concurrencies is two-dimensional: what a bigger
+    payload adds to a call depends on how many calls share the server and the wire with it."""
 
     @classmethod
     def make(
-        cls, api: str, resource: str, labels: Mapping[str, str] | None = None, param: str = "", value: float = 0.0
+        cls, api: str, resource: str, labels: Mapping[str, str] | None = None, param: str = "", value: float = 0.0,
+        concurrency: int = 1,
     ) -> ProfileKey:
-        """Build a key from a label mapping (sorted for you); checks ``param``."""
+        """Build a key from a label mapping (sorted for you); checks ``param`` and ``concurrency``."""
         if param and param not in PARAMS:
             raise ProfileError(f"unknown profile parameter {param!r}: expected one of {', '.join(PARAMS)}")
+        if param == "concurrency":
+            concurrency = int(value)
+        if concurrency < 1:
+            raise ProfileError(f"profile key: concurrency must be at least 1, got {concurrency}")
         return cls(api, resource, tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items())),
-                   param, float(value) if param else 0.0)
+                   param, float(value) if param else 0.0, int(concurrency))
 
     @property
     def label_text(self) -> str:
@@ -112,8 +138,10 @@ class ProfileKey:
 
     @property
     def param_text(self) -> str:
-        """``size_bytes=1048576``, or ``workload-independent``."""
-        return f"{self.param}={self.value:.15g}" if self.param else "workload-independent"
+        """``size_bytes=1048576``, or ``workload-independent``; ``, concurrency=8`` when measured with 8 callers."""
+        text = f"{self.param}={self.value:.15g}" if self.param else "workload-independent"
+        return text + (f", concurrency={self.concurrency}" if self.concurrency != 1 and self.param != "concurrency"
+                       else "")
 
     def describe(self) -> str:
         what = self.param_text
@@ -214,7 +242,13 @@ class ProfileStore:
             fmt = self._db.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
         except sqlite3.DatabaseError as exc:
             raise ProfileError(f"{self.path}: not a perfcast profile store ({exc})") from None
-        if fmt is None or fmt[0] != "perfcast-profiles/1":
+        if fmt is not None and fmt[0] == "perfcast-profiles/1":
+            with self._transaction():  # one transaction: an interrupted upgrade leaves format 1 as it was
+                for statement in _FROM_V1.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+            fmt = (FORMAT,)
+        if fmt is None or fmt[0] != FORMAT:
             raise ProfileError(f"{self.path}: unknown profile store format {fmt and fmt[0]!r}")
 
     def close(self) -> None:
@@ -241,6 +275,9 @@ class ProfileStore:
             raise ProfileError("profile key: field 'api' must not be empty")
         if key.param and key.param not in PARAMS:
             raise ProfileError(f"profile key: field 'param' must be one of {', '.join(PARAMS)}, got {key.param!r}")
+        if key.concurrency < 1 or (key.param == "concurrency" and key.concurrency != int(key.value)):
+            raise ProfileError(f"profile key: field 'concurrency' must be at least 1 (and the value of a "
+                               f"concurrency profile), got {key.concurrency}")
         if list(key.labels) != sorted(key.labels):
             raise ProfileError(f"profile key: field 'labels' must be sorted (use ProfileKey.make), got {key.labels}")
         if values.size == 0:
@@ -250,12 +287,14 @@ class ProfileStore:
         labels = json.dumps([list(p) for p in key.labels])
         with self._transaction():
             self._db.execute(
-                "INSERT OR IGNORE INTO profile(api, resource, labels, param, value) VALUES (?, ?, ?, ?, ?)",
-                (key.api, key.resource, labels, key.param, key.value),
+                "INSERT OR IGNORE INTO profile(api, resource, labels, param, value, concurrency) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (key.api, key.resource, labels, key.param, key.value, key.concurrency),
             )
             (pid,) = self._db.execute(
-                "SELECT id FROM profile WHERE api=? AND resource=? AND labels=? AND param=? AND value=?",
-                (key.api, key.resource, labels, key.param, key.value),
+                "SELECT id FROM profile WHERE api=? AND resource=? AND labels=? AND param=? AND value=? "
+                "AND concurrency=?",
+                (key.api, key.resource, labels, key.param, key.value, key.concurrency),
             ).fetchone()
             self._db.execute(
                 "INSERT INTO batch(profile_id, created_s, count, round_trips, note, samples) VALUES (?,?,?,?,?,?)",
@@ -268,18 +307,19 @@ class ProfileStore:
     # --- reading ------------------------------------------------------------------------------------------
     def keys(self) -> list[ProfileKey]:
         """Every profile in the store, sorted."""
-        rows = self._db.execute("SELECT api, resource, labels, param, value FROM profile").fetchall()
+        rows = self._db.execute("SELECT api, resource, labels, param, value, concurrency FROM profile").fetchall()
         keys = [
-            ProfileKey(api, res, tuple((str(a), str(b)) for a, b in json.loads(lab)), param, float(value))
-            for api, res, lab, param, value in rows
+            ProfileKey(api, res, tuple((str(a), str(b)) for a, b in json.loads(lab)), param, float(value), int(c))
+            for api, res, lab, param, value, c in rows
         ]
-        return sorted(keys, key=lambda k: (k.api, k.resource, k.labels, k.param, k.value))
+        return sorted(keys, key=lambda k: (k.api, k.resource, k.labels, k.param, k.concurrency, k.value))
 
     def _rows(self, key: ProfileKey, column: str) -> list[tuple[object, ...]]:
         return self._db.execute(
             f"SELECT {column} FROM batch JOIN profile ON profile.id = batch.profile_id "  # column: a fixed name from this module
-            "WHERE api=? AND resource=? AND labels=? AND param=? AND value=? ORDER BY batch.id",
-            (key.api, key.resource, json.dumps([list(p) for p in key.labels]), key.param, key.value),
+            "WHERE api=? AND resource=? AND labels=? AND param=? AND value=? AND concurrency=? ORDER BY batch.id",
+            (key.api, key.resource, json.dumps([list(p) for p in key.labels]), key.param, key.value,
+             key.concurrency),
         ).fetchall()
 
     def samples(self, key: ProfileKey) -> npt.NDArray[np.float64]:
@@ -301,13 +341,17 @@ class ProfileStore:
         return sum(int(n) for (n,) in self._rows(key, "count"))  # type: ignore[call-overload]
 
     def select(
-        self, api: str, resource: str, labels: Mapping[str, str], param: str = "", value: float | None = None
+        self, api: str, resource: str, labels: Mapping[str, str], param: str = "", value: float | None = None,
+        concurrency: float | None = None,
     ) -> Selection:
         """Choose the profile for a call, as WebPerf's profile selection does.
 
         The parameterised profile of that ``api`` + ``labels`` when ``param`` is given with a ``value`` and
         one exists (interpolated at ``value`` between the two nearest measured values, quantile by quantile;
-        clamped outside the measured range, saying so), else the workload-independent one. Labels match
+        clamped outside the measured range, saying so), else the workload-independent one. A payload (or other)
+        profile measured at several concurrencies is read at ``concurrency`` the same way, the two nearest
+        measured levels interpolated in turn; without ``concurrency``, at one caller (the fewest measured).
+        Labels match
         exactly, else the profiles whose labels include all those asked (when they agree on one label set;
         never for the baseline, no labels).
         The resource matches exactly, else by host:port, else by system, else any resource with that api.
@@ -333,6 +377,8 @@ class ProfileStore:
         suffix = f", {how_resource}" if how_resource else ""
         if param and value is not None:
             measured = sorted((k for k in candidates if k.param == param), key=lambda k: k.value)
+            if measured and param != "concurrency":
+                return self._at_concurrency(measured, float(value), concurrency, suffix)
             if measured:
                 return self._interpolate(measured, float(value), suffix)
         independent = [k for k in candidates if not k.param]
@@ -365,6 +411,28 @@ class ProfileStore:
                 best = max(sorted(by_res), key=lambda r: sum(self.count(k) for k in by_res[r]))
                 return by_res[best], (f"resource {best} ({how})" if how else "")
         return [], ""
+
+    def _at_concurrency(self, measured: list[ProfileKey], value: float, concurrency: float | None,
+                        suffix: str) -> Selection:
+        """:meth:`_interpolate` at ``value`` on the measured level(s) of concurrency nearest ``concurrency``."""
+        levels = sorted({k.concurrency for k in measured})
+        at = {c: [k for k in measured if k.concurrency == c] for c in levels}
+        if concurrency is None or len(levels) == 1:
+            c = 1 if 1 in at else levels[0]
+            note = f", {c} callers" if c != 1 or (concurrency is not None and concurrency != 1) else ""
+            sel = self._interpolate(at[c], value, suffix)
+            return Selection(sel.samples_ms, sel.keys, sel.how + note)
+        if concurrency <= levels[0] or concurrency >= levels[-1] or concurrency in at:
+            c = min(levels, key=lambda level: abs(level - concurrency))
+            how = "measured" if c == concurrency else f"clamped to {c}: measured {levels[0]}..{levels[-1]}"
+            sel = self._interpolate(at[c], value, suffix)
+            return Selection(sel.samples_ms, sel.keys, f"{sel.how}, at concurrency {concurrency:g} ({how})")
+        i = int(np.searchsorted(levels, concurrency))
+        lo, hi = levels[i - 1], levels[i]
+        a, b = self._interpolate(at[lo], value, ""), self._interpolate(at[hi], value, "")
+        samples = interpolate_quantiles(a.samples_ms, b.samples_ms, (concurrency - lo) / (hi - lo))
+        return Selection(samples, a.keys + b.keys,
+                         f"{a.how}, at concurrency {concurrency:g} (interpolated {lo}..{hi}){suffix}")
 
     def _interpolate(self, measured: list[ProfileKey], value: float, suffix: str) -> Selection:
         param = measured[0].param

@@ -511,8 +511,10 @@ async def profile_target(
     """Measure ``target`` at each parameter value; store each point as soon as it is measured.
 
     Without sizes or concurrencies: one workload-independent profile. Sizes give profiles parameterised by
-    ``size_bytes`` (measured with one caller); concurrencies give profiles parameterised by ``concurrency``
-    (at the first size, if any). Idle gaps give a wake-up profile (api ``wake``, parameterised by ``idle_ms``,
+    ``size_bytes`` (measured with one caller); concurrencies give profiles parameterised by ``concurrency``.
+    Both together measure the grid: every size with one caller and with each number of callers (a payload
+    profile in two dimensions, what a bigger payload adds to each of a fan-out's calls), the first size's
+    points also stored as the concurrency profile. Idle gaps give a wake-up profile (api ``wake``, parameterised by ``idle_ms``,
     0 included: :mod:`analyzer.wakeup`): one caller pauses that long before each call. ``rule.budget_s``
     applies to each point. ``progress(key)`` returns the callback for that point.
     """
@@ -527,19 +529,24 @@ async def profile_target(
         points = [("idle_ms", g, None, 1) for g in sorted({0.0, *map(float, idle_ms)})]
     elif not sizes and not concurrencies:
         points.append(("", 0.0, None, 1))
-    for n_bytes in sizes:
-        points.append(("size_bytes", float(n_bytes), n_bytes, 1))
     for c in concurrencies:
         if c < 1:
             raise ProfilingError(f"--concurrency {c}: must be at least 1")
-        points.append(("concurrency", float(c), sizes[0] if sizes else None, c))
+    for n_bytes in sizes:
+        for c in sorted({1, *concurrencies}) if concurrencies else [1]:
+            points.append(("size_bytes", float(n_bytes), n_bytes, c))
+    if not sizes:
+        points += [("concurrency", float(c), None, c) for c in concurrencies]
     results = []
     for param, value, size, concurrency in points:
         if param == "idle_ms":  # named by the route it times, which the engine matches to its graphs
             key = ProfileKey.make(WAKE_API, f"{target.resource} {target.api.removeprefix('http ')}", labels or {},
                                   param, value)
         else:
-            key = ProfileKey.make(target.api, target.resource, labels or {}, param, value)
+            key = ProfileKey.make(target.api, target.resource, labels or {}, param, value, concurrency)
+        # the first size's points with several callers are the concurrency profile too (loadsim reads that)
+        also = (ProfileKey.make(target.api, target.resource, labels or {}, "concurrency", concurrency)
+                if sizes and size == sizes[0] and concurrency in concurrencies else None)
         await target.open(concurrency)
         try:
             await target.prepare(size)
@@ -555,5 +562,7 @@ async def profile_target(
         result = Measurement(key, samples, target.round_trips, why, time.monotonic() - began)
         if store is not None:
             store.add(key, samples, round_trips=target.round_trips, note=note or f"perfcast profile ({why})")
+            if also is not None:
+                store.add(also, samples, round_trips=target.round_trips, note=note or f"perfcast profile ({why})")
         results.append(result)
     return results

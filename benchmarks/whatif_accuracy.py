@@ -16,8 +16,8 @@ Steps, per scenario (docs/demo.md and docs/accuracy.md say why each choice):
    the loaded runs (users, a failed replica behind a balancer) taking turns in one deployment without the
    collector (``measure_loaded``). ``--separate`` measures the switchable cases in deployments of their own;
 2. graphs from the baseline's measured requests;
-3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size (the size case's
-   spec filters on that api), RTTs through the proxy at 0 ms and with the delay (the ``(rtt)`` rows of
+3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size, with one caller
+   and with up to the index page's ten at once (the size case's spec filters on that api), RTTs through the proxy at 0 ms and with the delay (the ``(rtt)`` rows of
    location), CPU probes for interference, and once, before the location cases, a wake-up profile of the app
    (``analyzer.wakeup``: the post page's server-side latency after pauses of 0-40 ms taking turns;
    ``--no-wake`` leaves it out): the loop's longer idle gaps are charged what the profile says they cost in
@@ -174,8 +174,13 @@ def _pooled(runs: list[GroundTruth]) -> dict[str, list[float]]:
     return out
 
 
+FAN_OUT = (2, 4, 7, 10)
+"""Callers the size profile is also measured with: up to the index page's ten blob fetches at once."""
+
+
 def _profile_sizes(setup: ForumSetup, store: ProfileStore, sizes: list[int], budget_s: float) -> None:
-    """``http GET /blob/{id}`` of the blob service at each size, through the proxy the app uses.
+    """``http GET /blob/{id}`` of the blob service at each size, through the proxy the app uses, with one caller
+    and with each of :data:`FAN_OUT` (the engine reads it at the concurrency each call met when recorded).
 
     The size case's spec filters on that api, so the ads and cache calls the blob service also answers keep
     their recorded latencies and need no size profile.
@@ -184,8 +189,8 @@ def _profile_sizes(setup: ForumSetup, store: ProfileStore, sizes: list[int], bud
 
     rule = StopRule(rse=0.01, min_count=200, budget_s=budget_s)
     with deploy(setup) as d:
-        asyncio.run(profile_target(HttpTarget(f"{d.blob_url}/blob/1?bytes={{size}}"), sizes=sizes, rule=rule,
-                                   store=store, note="whatif_accuracy: blob sizes"))
+        asyncio.run(profile_target(HttpTarget(f"{d.blob_url}/blob/1?bytes={{size}}"), sizes=sizes,
+                                   concurrencies=FAN_OUT, rule=rule, store=store, note="whatif_accuracy: blob sizes"))
 
 
 def _profile_cpu(store: ProfileStore, cpu_pct: float, budget_s: float = 5.0) -> None:

@@ -46,7 +46,7 @@ _int_list = _list_of(int, "integers", "1,4,16")
               help="Names the configuration measured (tier=C2, location=eu-west). Repeatable.")
 @click.option("--size", "sizes", default=None, metavar="LIST", help="Payload sizes: 1k,64k,1m (parameterised).")
 @click.option("--concurrency", "concurrencies", default=None, callback=_int_list, metavar="LIST",
-              help="Concurrent callers: 1,4,16 (parameterised).")
+              help="Concurrent callers: 1,4,16 (parameterised). With --size: every size at each.")
 @click.option("--idle", "idle_ms", default=None, callback=_float_list, metavar="LIST",
               help="A wake-up profile: one caller pausing these ms before each call (5,10,20; 0 is added). "
                    "Point it at the app's own endpoint: what a longer idle spell costs the work after it.")

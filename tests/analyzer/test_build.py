@@ -66,6 +66,24 @@ def test_io_nodes_count_the_calls_in_flight_to_their_resource(tmp_path: Path) ->
     assert inflight == {"root/gather#0[0]/io0": [1], "root/gather#0[1]/io0": [2], "root/io0": [1]}
 
 
+def test_a_call_whose_answer_waits_for_the_loop_no_longer_counts_as_in_flight(tmp_path: Path) -> None:
+    # call A [0.6, 3.05]; tasks 3 and 4 hold the loop back to back over [1.0, 2.95], so A's answer came by 1.15
+    # and waited for them (queued 1.9); call B, started at 1.95 inside that run, met no outstanding answer
+    t = Trace("GET /fan")
+    t.request(-0.1, 3.6, 1)
+    t.task(1, [(0, 0.5, "sync:10"), (3.35, 0.1, "done")], coro="fan")
+    t.task(2, [(0.55, 0.05, "io"), (3.0, 0.05, "done")], parent=1, spawn_step=0, created=0.2)
+    t.io(2, 0, 0.6, 3.05)
+    t.task(3, [(1.0, 1.0, "io"), (3.1, 0.05, "done")], parent=1, spawn_step=0, created=0.3)
+    t.io(3, 0, 1.95, 3.15)
+    t.task(4, [(2.05, 0.9, "done")], parent=1, spawn_step=0, created=0.4)
+    t.sync(10, "gather", "all", [2, 3, 4], task=1, step=0, start=0.45, end=3.3, resume_step=1)
+    [g] = graphs_of(tmp_path, t)
+    assert g.node("root/gather#0[0]/io0").extra["queued_ms"] == pytest.approx([1.9])
+    inflight = {n.id: n.extra["inflight"] for n in g.nodes if n.kind is NodeKind.IO}
+    assert inflight == {"root/gather#0[0]/io0": [1], "root/gather#0[1]/io0": [1]}
+
+
 def queued_request(busy_until: float) -> Trace:
     """A gather: task 2 queries PostgreSQL [0.6, 2.95] while task 3 runs two steps from 0.65 (1 ms each, 0.05 apart)
     then ends at ``busy_until``; task 2 resumes at 2.9."""

@@ -217,6 +217,26 @@ class TestApiFilter:
         (p,) = predict([g], "size:127.0.0.1:8101[GET /blob/{id}]=1MB", store, samples=2000, rng=rng())
         assert values(p.predicted) == {10.0, 31.0}
 
+    def test_a_fan_outs_calls_shift_at_the_concurrency_each_met(self, store: ProfileStore) -> None:
+        # two blobs fetched at once, the second started while the first was open (inflight 2); measured with one
+        # and with two callers, 1 MB adds 1 ms to one caller's call and 5 ms to each of two callers': the
+        # first call gains 1 ms, the second 5, and the request ends when the second does
+        for size, c, ms in ((4096, 1, 1.0), (1e6, 1, 2.0), (4096, 2, 2.0), (1e6, 2, 7.0)):
+            store.add(ProfileKey.make("http GET /blob/{id}", BLOBS, {}, "size_bytes", size, c), [ms] * 5)
+
+        def call(node_id: str, level: int) -> Node:
+            return Node(node_id, NodeKind.IO, (2.0,) * 20, api="http GET /blob/{id}", resource=BLOBS,
+                        system="http", round_trips=(1,) * 20, response_bytes=(4096,) * 20,
+                        extra={"inflight": [level] * 20})
+
+        g = graph("GET /", [call("a", 1), call("b", 2)], [("start", "a"), ("start", "b"), ("a", "end"),
+                                                            ("b", "end")])
+        (p,) = predict([g], "size:127.0.0.1:8101[GET /blob/{id}]=1MB", store, samples=500, rng=rng())
+        assert values(p.predicted) == {7.0}  # max(2 + 1, 2 + 5)
+        how = {s.node: s.how for s in p.sources[0][1]}
+        assert "at concurrency 2 (measured)" in how["b"] and "median shift +5 ms" in how["b"]
+        assert "median shift +1 ms" in how["a"]
+
     def test_without_the_filter_every_api_changes(self, sized: ProfileStore) -> None:
         # the ads have no size profile and a constant payload: the unfiltered change cannot apply to them
         with pytest.raises(ProfileError, match="no size_bytes profile for 'http GET /ad'"):

@@ -120,6 +120,64 @@ def test_select_parameterised_interpolates_quantiles(store: ProfileStore) -> Non
     assert "no concurrency profile" in store.select(api, "http://b:80", {}, "concurrency", 8).how
 
 
+def test_select_size_at_concurrency_interpolates_both_ways(store: ProfileStore) -> None:
+    """A payload profile measured at several concurrencies: read at the asked level, interpolated between the
+    two nearest measured levels (and sizes), clamped outside them; one caller when no level is asked."""
+    api, res = "http GET /blob/{id}", "http://b:80"
+    base = np.linspace(1.0, 2.0, 101)
+    for size, c, shift in ((1e3, 1, 0.0), (1e6, 1, 1.0), (1e3, 4, 3.0), (1e6, 4, 7.0)):
+        store.add(ProfileKey.make(api, res, {}, "size_bytes", size, c), base + shift)
+    one = store.select(api, res, {}, "size_bytes", 1e6)
+    assert one.samples_ms.tolist() == (base + 1.0).tolist() and "concurrency" not in one.how
+    four = store.select(api, res, {}, "size_bytes", 1e6, 4)
+    assert four.samples_ms.tolist() == (base + 7.0).tolist() and "at concurrency 4 (measured)" in four.how
+    mid = store.select(api, res, {}, "size_bytes", 1e6, 2.5)
+    assert np.median(mid.samples_ms) == pytest.approx(1.5 + 4.0, abs=0.02) and "interpolated 1..4" in mid.how
+    both = store.select(api, res, {}, "size_bytes", 0.5e6 + 500, 2.5)  # halfway in size and in concurrency
+    assert np.median(both.samples_ms) == pytest.approx(1.5 + (0.5 + 5.0) / 2, abs=0.02)
+    far = store.select(api, res, {}, "size_bytes", 1e3, 12)
+    assert far.samples_ms.tolist() == (base + 3.0).tolist() and "clamped to 4" in far.how
+    assert ProfileKey.make(api, res, {}, "size_bytes", 1e6, 4).describe().endswith("size_bytes=1000000, "
+                                                                                   "concurrency=4)")
+
+
+def test_format_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A store written before profiles carried their concurrency keeps every batch: its concurrency profiles
+    get their value as callers, every other profile one caller."""
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE profile (id INTEGER PRIMARY KEY, api TEXT NOT NULL, resource TEXT NOT NULL,
+            labels TEXT NOT NULL, param TEXT NOT NULL, value REAL NOT NULL,
+            UNIQUE (api, resource, labels, param, value));
+        CREATE TABLE batch (id INTEGER PRIMARY KEY, profile_id INTEGER NOT NULL REFERENCES profile(id),
+            created_s REAL NOT NULL, count INTEGER NOT NULL, round_trips REAL, note TEXT NOT NULL,
+            samples BLOB NOT NULL);
+        CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO meta VALUES ('format', 'perfcast-profiles/1');
+        INSERT INTO profile VALUES (7, 'redis GET', 'redis://h:6379/0', '[]', 'concurrency', 8.0);
+        INSERT INTO profile VALUES (9, 'redis GET', 'redis://h:6379/0', '[]', 'size_bytes', 100.0);
+    """)
+    db.execute("INSERT INTO batch VALUES (1, 7, 0, 2, 1.0, 'old', ?)", (np.array([4.0, 5.0], "<f8").tobytes(),))
+    db.execute("INSERT INTO batch VALUES (2, 9, 0, 1, 1.0, 'old', ?)", (np.array([6.0], "<f8").tobytes(),))
+    db.commit()
+    db.close()
+    with ProfileStore(path) as s:
+        keys = s.keys()
+        assert [(k.param, k.concurrency) for k in keys] == [("concurrency", 8), ("size_bytes", 1)]
+        assert s.samples(keys[0]).tolist() == [4.0, 5.0] and s.samples(keys[1]).tolist() == [6.0]
+        s.add(ProfileKey.make("redis GET", "redis://h:6379/0", {}, "size_bytes", 100.0, 8), [7.0])
+    with ProfileStore(path) as s:  # upgraded once: opens as format 2, the new profile beside the old
+        assert len(s.keys()) == 3
+        assert s.select("redis GET", "redis://h:6379/0", {}, "size_bytes", 100.0, 8).samples_ms.tolist() == [7.0]
+
+
+def test_key_concurrency_checked() -> None:
+    with pytest.raises(ProfileError, match="concurrency must be at least 1"):
+        ProfileKey.make("redis GET", REDIS, {}, "size_bytes", 10.0, 0)
+    assert ProfileKey.make("redis GET", REDIS, {}, "concurrency", 6).concurrency == 6
+
+
 def test_select_only_parameterised_without_value(store: ProfileStore) -> None:
     store.add(ProfileKey.make("redis GET", REDIS, {}, "concurrency", 4), [1.0])
     with pytest.raises(ProfileError, match="parameterised by concurrency"):

@@ -186,6 +186,23 @@ async def test_http_profiles(http_server: str, tmp_path: Path) -> None:
     store.close()
 
 
+async def test_sizes_with_concurrencies_measure_the_grid(http_server: str, tmp_path: Path) -> None:
+    """Sizes and concurrencies together: every size with one caller and with each number of callers, the first
+    size's points stored as the concurrency profile too; the engine reads the payload profile at a level."""
+    store = ProfileStore(tmp_path / "p.db")
+    target = HttpTarget(f"{http_server}/blob?bytes={{size}}", api="http GET /blob/{id}")
+    results = await profile_target(target, sizes=[100, 2_000_000], concurrencies=[4], rule=FAST, store=store)
+    assert [(r.key.param, r.key.value, r.key.concurrency) for r in results] == [
+        ("size_bytes", 100.0, 1), ("size_bytes", 100.0, 4), ("size_bytes", 2e6, 1), ("size_bytes", 2e6, 4)]
+    conc = store.select("http GET /blob/{id}", http_server, {}, "concurrency", 4)
+    assert conc.samples_ms.tolist() == results[1].samples_ms.tolist()
+    # four callers share one server: a big body takes longer each than alone
+    assert np.median(results[3].samples_ms) > np.median(results[2].samples_ms)
+    sel = store.select("http GET /blob/{id}", http_server, {}, "size_bytes", 2e6, 4)
+    assert sel.samples_ms.tolist() == results[3].samples_ms.tolist()
+    store.close()
+
+
 async def test_rtt_profile(http_server: str) -> None:
     address = http_server.removeprefix("http://")
     results = await profile_target(RttTarget(address), labels={"location": "local"}, rule=FAST)
