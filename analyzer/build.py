@@ -93,9 +93,11 @@ class _Obs:
     cpu_before_ns: int = 0
     """io nodes: the part of ``cpu_ns`` in the step that made the call (before its first wait)."""
     inflight: int = 0
-    """io nodes: the request's calls to the same resource in flight when this one started, itself included."""
+    """io nodes: the request's calls to the same resource waiting for answers when this one started, itself
+    included."""
     queued_ns: int = 0
-    """io nodes: the end of the call's wait during which the loop ran other tasks' steps (:meth:`_queued`)."""
+    """io nodes: the end of the call's wait during which the loop ran other tasks' steps (:meth:`_queued`);
+    sync nodes: the part of the wake-up during which it did (:meth:`_sync`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,7 +500,8 @@ class _Builder:
 
     def _queued(self, task: TaskLife, io: IoCall) -> int:
         """How long the end of an I/O call waited for the event loop, in ns: the other tasks' steps that ran back
-        to back (gaps under ``_BACK_TO_BACK_NS``) right before the call returned, inside the call.
+        to back (gaps under ``_BACK_TO_BACK_NS``) right before the call returned, inside the call
+        (:meth:`_busy_before`).
 
         The answer may have arrived before them: the loop was busy, so the calling task resumed only after
         them. When the answer comes later (a scenario's longer round trip) the loop has usually finished that
@@ -510,11 +513,16 @@ class _Builder:
         """
         own = {task.task_id} | {t.task_id for t in self.req.tasks.values()
                                 if t.parent_id == task.task_id and io.start_ns < t.created_ns < io.end_ns}
-        pieces = sorted(((max(st.start_ns, io.start_ns), min(st.end_ns, io.end_ns), t.task_id in own)
+        return self._busy_before(io.start_ns, io.end_ns, own)
+
+    def _busy_before(self, start_ns: int, end_ns: int, own: set[int]) -> int:
+        """The steps of tasks not in ``own`` that ran back to back right before ``end_ns``, within
+        ``[start_ns, end_ns]`` (ns): what kept a task that could have resumed from resuming."""
+        pieces = sorted(((max(st.start_ns, start_ns), min(st.end_ns, end_ns), t.task_id in own)
                          for t in self.req.tasks.values() for st in t.steps
-                         if st.end_ns > io.start_ns and st.start_ns < io.end_ns),
+                         if st.end_ns > start_ns and st.start_ns < end_ns),
                         key=lambda x: x[1], reverse=True)
-        frontier, queued = io.end_ns, 0
+        frontier, queued = end_ns, 0
         for a, b, mine in pieces:
             if b < frontier - _BACK_TO_BACK_NS:
                 break
@@ -586,7 +594,7 @@ class _Builder:
                 if node.kind is NodeKind.SYNC and node.sync is None:
                     self._join(node, edges)
                 elif node.sync is not None:
-                    self._sync(seq, i, node, edges, extra_nodes)
+                    self._sync(tid, seq, i, node, edges, extra_nodes)
 
         nodes = {"start": start}
         nodes.update((n.id, n) for seq in self.seq.values() for n in seq)
@@ -648,7 +656,7 @@ class _Builder:
         ready = awaited.end_ns if awaited is not None and awaited.steps else node.start_ns
         node.duration_ns = max(0, node.end_ns - ready)
 
-    def _sync(self, seq: list[_Obs], i: int, node: _Obs, edges: set[tuple[str, str]],
+    def _sync(self, tid: int, seq: list[_Obs], i: int, node: _Obs, edges: set[tuple[str, str]],
               extra_nodes: list[_Obs]) -> None:
         sync = node.sync
         assert sync is not None
@@ -688,7 +696,11 @@ class _Builder:
             racers.append(timer.id)
         edges.update((r, node.id) for r in racers)
         node.k = 1 if node.wait is WaitMode.ALL else min(node.k, len(racers))
-        node.duration_ns = max(0, node.end_ns - self._completed(sync, prev, body_races))
+        done = self._completed(sync, prev, body_races)
+        node.duration_ns = max(0, node.end_ns - done)
+        # the wake-up ran behind other tasks' steps (a loop busy with the request's other branches): queueing the
+        # load simulation makes again, as for an io call's answer (_queued)
+        node.queued_ns = min(self._busy_before(done, node.end_ns, {tid}), node.duration_ns)
         if node.wait is WaitMode.ANY and len(racers) > 1:
             # Which racer(s) won is control flow (a replica, a timeout that fired): part of the variant. The
             # timer won when the collector says so (a loop busy elsewhere can fire it after the work is done).
@@ -765,6 +777,8 @@ def _to_node(obs: _Obs) -> Node:
     if obs.kind is NodeKind.IO:
         extra["cpu_before_ms"] = [obs.cpu_before_ns / 1e6]
         extra["inflight"] = [max(obs.inflight, 1)]
+        extra["queued_ms"] = [obs.queued_ns / 1e6]
+    if obs.kind is NodeKind.SYNC and obs.sync is not None:
         extra["queued_ms"] = [obs.queued_ns / 1e6]
     return Node(
         id=obs.id,

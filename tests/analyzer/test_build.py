@@ -107,6 +107,22 @@ def test_io_nodes_say_how_long_their_answer_waited_for_the_loop(tmp_path: Path) 
     assert g.node("root/gather#0[0]/io0").extra["queued_ms"] == pytest.approx([0.0])
 
 
+def test_sync_nodes_say_how_long_their_wake_up_waited_for_the_loop(tmp_path: Path) -> None:
+    # a gather of tasks 2 and 3, done at 0.8; task 4 (spawned beside them, not joined) holds the loop over
+    # [0.85, 1.45], and the root resumes at 1.5: of the 0.7 ms wake-up, 0.6 was queueing behind task 4
+    t = Trace("GET /g")
+    t.request(-0.1, 2.0, 1)
+    t.task(1, [(0, 0.5, "sync:10"), (1.5, 0.2, "done")], coro="fan")
+    t.task(2, [(0.55, 0.1, "done")], parent=1, spawn_step=0, created=0.2)
+    t.task(3, [(0.7, 0.1, "done")], parent=1, spawn_step=0, created=0.3)
+    t.task(4, [(0.85, 0.6, "done")], parent=1, spawn_step=0, created=0.4)
+    t.sync(10, "gather", "all", [2, 3], task=1, step=0, start=0.45, end=1.52, resume_step=1)
+    [g] = graphs_of(tmp_path, t)
+    sync = g.node("root/gather#0")
+    assert sync.samples_ms == pytest.approx((0.7,))
+    assert sync.extra["queued_ms"] == pytest.approx([0.6])
+
+
 def test_compute_cpu_is_pro_rated(tmp_path: Path) -> None:
     t = Trace("GET /cpu")
     t.request(0, 3, 1)

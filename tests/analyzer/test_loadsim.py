@@ -70,6 +70,32 @@ class TestCpuModel:
         assert mean_latency([g], "load:3") == pytest.approx(6.0, rel=0.01)  # 3 x 1 < 6: no wait in steady state
         assert mean_latency([g], "load:12") == pytest.approx(12.0, rel=0.01)  # 12 x 1 > 6: the loop saturates
 
+    def test_a_sync_nodes_recorded_queueing_is_not_queued_again(self) -> None:
+        # two branches of 1 ms compute joined by a gather whose recorded 1.1 ms wake-up was 1 ms behind the other
+        # branch: the simulated loop serves the branches one after the other and the join costs its 0.1 ms
+        def graph(extra: dict[str, list[float]]) -> CausalGraph:
+            nodes = [Node("start", NodeKind.START, (0.0,) * 20), compute("a", 1.0), compute("b", 1.0),
+                     Node("join", NodeKind.SYNC, (1.1,) * 20, extra=extra), Node("end", NodeKind.END, (0.0,) * 20)]
+            edges = [("start", "a"), ("start", "b"), ("a", "join"), ("b", "join"), ("join", "end")]
+            return CausalGraph("GET /", nodes, edges, latency_ms=[2.1] * 20)
+
+        assert mean_latency([graph({"queued_ms": [1.0] * 20})], "load:1") == pytest.approx(2.1)
+        assert mean_latency([graph({})], "load:1") == pytest.approx(3.1)  # kept, the queueing counts twice
+
+    def test_half_an_answers_recorded_wait_for_the_loop_is_taken_out(self) -> None:
+        # a call of 1 ms when its answer found the loop free, 3 ms when the loop ran 2 ms of other steps before
+        # it resumed: the answer came at some point of those 2 ms, 1 ms before the end expected; the simulated
+        # loop (free here) queues it again as it finds it, so the call takes 2 ms
+        a = Node("a", NodeKind.IO, (1.0, 3.0) * 10, api="redis GET", resource="redis://h:1/0", system="redis",
+                 round_trips=(1,) * 20, extra={"queued_ms": [0.0, 2.0] * 10})
+        g = chain("GET /", a)
+        assert mean_latency([g], "load:1") == pytest.approx(1.5, rel=0.05)
+        # a farther resource's answer comes after that work: the whole wait goes
+        assert mean_latency([g], "location:redis=+0ms") == pytest.approx(1.0, rel=0.05)
+        # calibrated to a light run, whose wait scale holds it: kept
+        g.meta[WAIT_SCALE_KEY] = 1.0
+        assert mean_latency([g], "load:1") == pytest.approx(2.0, rel=0.05)
+
     def test_io_cpu_holds_the_loop(self) -> None:
         # a 10 ms call of which 2 ms are the client library's CPU on the loop: D = 2, Z = 8
         g = chain("GET /", io("a", 10.0, cpu=2.0, before=0.5))
