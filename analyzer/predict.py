@@ -434,11 +434,11 @@ def _size_shift(
 
     When the store has the size profile at several concurrencies (``perfcast profile --size ... --concurrency
     ...``), both quantile functions are read at the level of concurrency the call met when recorded (the io
-    node's ``inflight``: its own request's calls to the resource open when it started): the calls of a fan-out
-    share the server and the wire, so the n-th call's answer waits for the extra bytes of the n - 1 before it
-    (ten 256 KiB blobs fetched at once: the last answered 1.6 ms later than at 4 KiB, where one alone took
-    0.4 ms longer). None when today's payload lies outside the measured sizes: the profile cannot say what a
-    call of it takes.
+    node's ``inflight``: its request's calls to the resource waiting for answers when it started): the calls of
+    a fan-out share the server and the wire, so the n-th call's answer waits for the extra bytes of the ones
+    before it (ten 256 KiB blobs fetched at once: the last answered 1.6 ms later than at 4 KiB, where one
+    alone took 0.2-0.4 ms longer). None when today's payload lies outside the measured sizes: the profile
+    cannot say what a call of it takes.
     """
     today = float(np.median(payload))
     old = store.select(node.api, node.resource, labels, "size_bytes", today)
@@ -462,8 +462,8 @@ def _size_shift(
                      - np.quantile(np.asarray(q_old.samples_ms, dtype=np.float64), u[at]))
         hows.append(q_new.how)
     drawn = np.maximum(recorded[idx] + shift, 0.0)
-    where = (f"({hows[0]})" if len(hows) == 1 else
-             f"at the concurrency each call met when recorded, {int(levels.min())}..{int(levels.max())} ({hows[-1]})")
+    where = (f"({hows[0]})" if len(hows) == 1 else "at the concurrency each call met when recorded, "
+             f"{int(levels.min())}..{int(levels.max())} ({hows[-1]})")
     return drawn, (f"baseline + profile {node.api} at {size_bytes:g} B {where} - at today's payload "
                    f"{today:g} B, at the call's rank among its recorded durations (median shift "
                    f"{float(np.median(shift)):+.3g} ms)")

@@ -351,8 +351,8 @@ class ProfileStore:
         clamped outside the measured range, saying so), else the workload-independent one. A payload (or other)
         profile measured at several concurrencies is read at ``concurrency`` the same way, the two nearest
         measured levels interpolated in turn; without ``concurrency``, at one caller (the fewest measured).
-        Labels match
-        exactly, else the profiles whose labels include all those asked (when they agree on one label set;
+
+        Labels match exactly, else the profiles whose labels include all those asked (when they agree on one label set;
         never for the baseline, no labels).
         The resource matches exactly, else by host:port, else by system, else any resource with that api.
 
@@ -419,7 +419,9 @@ class ProfileStore:
         at = {c: [k for k in measured if k.concurrency == c] for c in levels}
         if concurrency is None or len(levels) == 1:
             c = 1 if 1 in at else levels[0]
-            note = f", {c} callers" if c != 1 or (concurrency is not None and concurrency != 1) else ""
+            asked = concurrency is not None and concurrency != c
+            note = f", measured with {c} caller{'s' if c != 1 else ''}{' only' if asked else ''}" \
+                if c != 1 or asked else ""
             sel = self._interpolate(at[c], value, suffix)
             return Selection(sel.samples_ms, sel.keys, sel.how + note)
         if concurrency <= levels[0] or concurrency >= levels[-1] or concurrency in at:

@@ -514,9 +514,9 @@ async def profile_target(
     ``size_bytes`` (measured with one caller); concurrencies give profiles parameterised by ``concurrency``.
     Both together measure the grid: every size with one caller and with each number of callers (a payload
     profile in two dimensions, what a bigger payload adds to each of a fan-out's calls), the first size's
-    points also stored as the concurrency profile. Idle gaps give a wake-up profile (api ``wake``, parameterised by ``idle_ms``,
-    0 included: :mod:`analyzer.wakeup`): one caller pauses that long before each call. ``rule.budget_s``
-    applies to each point. ``progress(key)`` returns the callback for that point.
+    points also stored as the concurrency profile. Idle gaps give a wake-up profile (api ``wake``,
+    parameterised by ``idle_ms``, 0 included: :mod:`analyzer.wakeup`): one caller pauses that long before each
+    call. ``rule.budget_s`` applies to each point. ``progress(key)`` returns the callback for that point.
     """
     points: list[tuple[str, float, int | None, int]] = []
     if idle_ms:

@@ -17,13 +17,13 @@ Steps, per scenario (docs/demo.md and docs/accuracy.md say why each choice):
    collector (``measure_loaded``). ``--separate`` measures the switchable cases in deployments of their own;
 2. graphs from the baseline's measured requests;
 3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size, with one caller
-   and with up to the index page's ten at once (the size case's spec filters on that api), RTTs through the proxy at 0 ms and with the delay (the ``(rtt)`` rows of
-   location), CPU probes for interference, and once, before the location cases, a wake-up profile of the app
-   (``analyzer.wakeup``: the post page's server-side latency after pauses of 0-40 ms taking turns;
-   ``--no-wake`` leaves it out): the loop's longer idle gaps are charged what the profile says they cost in
-   the nominal and ``(applied)`` rows; the ``(no wake-up)`` rows predict the nominal delay without it, and the
-   ``(rtt)`` rows too (an RTT profile measured end to end by a client idle between calls holds the cold start
-   already);
+   and with up to the index page's ten at once (the size case's spec filters on that api), RTTs through the
+   proxy at 0 ms and with the delay (the ``(rtt)`` rows of location), CPU probes for interference, and once,
+   before the location cases, a wake-up profile of the app (``analyzer.wakeup``: the post page's server-side
+   latency after pauses of 0-40 ms taking turns; ``--no-wake`` leaves it out): the loop's longer idle gaps are
+   charged what the profile says they cost in the nominal and ``(applied)`` rows; the ``(no wake-up)`` rows
+   predict the nominal delay without it, and the ``(rtt)`` rows too (an RTT profile measured end to end by a
+   client idle between calls holds the cold start already);
 4. predict (``analyzer.predict``) and compare with the scenario's server-side latencies (client-side for load
    and failure); the location cases are also predicted for the delay the proxy really added (its threads wake
    late on a busy machine: ``LatencyProxy.applied_delay_ms``), the ``(applied)`` rows.
