@@ -493,18 +493,19 @@ class TestLoad:
         for level, ms in ((1, 1.0), (2, 2.0), (4, 4.0)):
             store.add(ProfileKey.make("redis GET", REDIS, param="concurrency", value=level), [ms] * 10)
         edges = [("start", "a"), ("start", "b"), ("a", "end"), ("b", "end")]
-        # two parallel calls of 2 ms, each recorded with the other in flight: one user meets the level they were
-        # recorded at, so they keep their durations
+        # two parallel calls of 2 ms, each recorded with the other in flight: one user per loop is the load they
+        # were recorded at, so they keep their durations (lone calls, without inflight, too)
         recorded = [replace(io(name, [2.0] * 10), extra={"inflight": [2] * 10}) for name in ("a", "b")]
-        (alone,) = predict([graph("GET /", recorded, edges)], "load:1", store, samples=300, rng=rng())
-        np.testing.assert_allclose(alone.predicted.samples_ms, 2.0)
-        # taken for lone calls (no inflight), the second to start would be shifted by Q_2 - Q_1 = +1 ms
         lone = [io(name, [2.0] * 10) for name in ("a", "b")]
-        (shifted,) = predict([graph("GET /", lone, edges)], "load:1", store, samples=300, rng=rng())
-        np.testing.assert_allclose(shifted.predicted.samples_ms, 3.0)
+        for calls in (recorded, lone):
+            (alone,) = predict([graph("GET /", calls, edges)], "load:1", store, samples=300, rng=rng())
+            np.testing.assert_allclose(alone.predicted.samples_ms, 2.0)
         # two users: up to 4 in flight, Q_4 - Q_2 = +2 ms for a call that meets them all
         (busy,) = predict([graph("GET /", recorded, edges)], "load:2", store, samples=300, rng=rng())
         assert 2.0 < busy.predicted.mean <= 4.0 + 1e-9
+        # taken for lone calls (no inflight), the same calls are shifted from Q_1: further
+        (shifted,) = predict([graph("GET /", lone, edges)], "load:2", store, samples=300, rng=rng())
+        assert shifted.predicted.mean > busy.predicted.mean + 0.5
 
     def test_backend_failure_needs_a_concurrency_profile(self, store: ProfileStore) -> None:
         g = graph("GET /", [io("a", [1.0] * 10)], [("start", "a"), ("a", "end")])
