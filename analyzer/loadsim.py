@@ -706,6 +706,11 @@ def _simulate_once(
     stretch = cpu_slowdown(neighbours[-1].cpu_pct) if neighbours and neighbour is None else 1.0
     nesting = _Nesting(graphs, models, load.nested, load.mix)
     curves = _Curves(store, scenario)
+    # One user per loop with every replica up is the load the durations were recorded at: they hold its
+    # concurrency already. Shifted, a fan-out's calls read ten where they recorded two or three: the simulated
+    # loop starts them before any answer comes, where the recorded answers came sooner and waited for the loop
+    # (the example's index page came out 0.3-1.15 ms above its recording with nothing changed).
+    shift_levels = users > 1 or bool(failed_groups)
     ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = sync_nodes = 0
     parts: list[tuple[Any, ...]] = []
     for gi, (graph, model) in enumerate(zip(graphs, models, strict=True)):
@@ -777,7 +782,7 @@ def _simulate_once(
                 group_scale.append(1.0)
                 group_names.append(node.resource)
             group.append(group_ids[key])
-            if target < 0:
+            if target < 0 and shift_levels:
                 curves.register(gi, j, node, durations[j], model.idx)
         has_cpu = bool(cpu_before.any() or cpu_after.any())
         holds, held_pool = _pool_holders(graph, model.plan.ids, pool)
@@ -834,17 +839,12 @@ def _simulate_once(
         notes.append(f"{sync_nodes} synchronisation points wake their task without the recorded wait behind other "
                      "tasks' steps (queued_ms): the simulation queues the next step instead")
     notes += nesting.describe()
-    # One user per loop with every replica up is the load the durations were recorded at: they hold its
-    # concurrency already. Shifted, a fan-out's calls read ten where they recorded two or three: the simulated
-    # loop starts them before any answer comes, where the recorded answers came sooner and waited for the loop
-    # (the example's index page came out 0.3-1.15 ms above its recording with nothing changed).
-    shift = curves.any and (users > 1 or bool(failed_groups))
-    notes += curves.describe() if shift else []
+    notes += curves.describe()
     user_routes = len({g.route for gi, g in enumerate(graphs) if nesting.weight(gi) > 0})
     latencies = simulate(
         workloads, users, samples * max(user_routes, 1), rng, think_ms=load.think_ms,
         pool_sizes=[limit for _, limit in load.pools], scale=group_scale,
-        adjust=curves.adjust if shift else None, routes=nesting.routes, servers=nesting.servers, wake=wake,
+        adjust=curves.adjust if curves.any else None, routes=nesting.routes, servers=nesting.servers, wake=wake,
         gil_switch_ms=GIL_SWITCH_MS, neighbour=neighbour,
         service_wake=None if service_wake is None else (
             lambda k, j, col, g, idle: service_wake(k, j, col, group_names[g], idle)),

@@ -453,9 +453,10 @@ def _size_shift(
               if inflight is not None and _measured_levels(store, node.api) else np.ones(idx.size))
     shift = np.empty(idx.size)
     hows = []
-    for level in np.unique(levels):
+    met = np.unique(levels)
+    for level in met:
         at = levels == level
-        q_new, q_old = (new, old) if level == 1.0 and len(np.unique(levels)) == 1 else (
+        q_new, q_old = (new, old) if met.size == 1 and level == 1.0 else (
             store.select(node.api, node.resource, labels, "size_bytes", size_bytes, float(level)),
             store.select(node.api, node.resource, labels, "size_bytes", today, float(level)))
         shift[at] = (np.quantile(np.asarray(q_new.samples_ms, dtype=np.float64), u[at])

@@ -988,8 +988,8 @@ def measure_idle(
         for ms, label in zip(result.latencies_ms, result.labels, strict=True):
             if label != "settling":
                 client[float(label)].append(ms)
-    by_gap = {g: [r for r in recorded if any(_in_slices(r, board.slices(g)) for _, board in boards)]
-              for g in levels}
+    slices = {g: [board.slices(g) for _, board in boards] for g in levels}
+    by_gap = {g: [r for r in recorded if any(_in_slices(r, s) for s in slices[g])] for g in levels}
     return IdleRun(by_gap, client, recorded)
 
 
