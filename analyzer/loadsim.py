@@ -78,7 +78,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
@@ -188,6 +188,7 @@ def simulate(
     gil_switch_ms: float = GIL_SWITCH_MS,
     service_wake: ServiceWake | None = None,
     neighbour: Neighbour | None = None,
+    columns: list[list[int]] | None = None,
 ) -> list[FloatArray]:
     """Latencies of ``completions`` user requests of ``users`` closed-loop users, per workload.
 
@@ -196,7 +197,8 @@ def simulate(
     workloads (variants) of nested route ``i`` and their shares; ``servers`` is the number of FIFO CPU servers
     (event loops). ``wake`` is told the loop's idle gap before each piece of work that ends one and returns what
     the gap adds to it (:mod:`analyzer.wakeup`); ``service_wake`` what a resource group's idle adds to the io
-    call that ends it. Latencies of nested requests are reported with their workload too.
+    call that ends it. Latencies of nested requests are reported with their workload too; ``columns``, when
+    given, gets the column of each latency reported (per workload, in the same order).
 
     A ``threaded`` call's thread waits for the GIL when it takes the job and when it hands the answer back:
     while the loop's thread works, until the loop has no more queued work (it then blocks in ``epoll_wait`` and
@@ -447,6 +449,8 @@ def simulate(
             pr, pj = parent
             if done_count >= warmup:
                 out[k].append(t - req_t0[r])
+                if columns is not None:
+                    columns[k].append(req_col[r])
             pw = workloads[req_kind[pr]]
             before, after = cpu_of(pw, pj, req_col[pr])
             end_wait(pr, pj, t + max(float(pw.durations[pj, req_col[pr]]) - before - after, 0.0))
@@ -457,6 +461,8 @@ def simulate(
         done_count += 1
         if done_count > warmup:
             out[k].append(t - req_t0[r])
+            if columns is not None:
+                columns[k].append(req_col[r])
         if done_count >= warmup + completions:
             break
         if issued < len(kinds):
@@ -474,10 +480,15 @@ def simulate_scenario(
     store: SupportsSelect | None,
     samples: int,
     rng: np.random.Generator,
+    recorded: Sequence[NodeDurations] | None = None,
 ) -> tuple[list[FloatArray], list[str]]:
     """Simulate a scenario with load and/or failure changes: per graph latencies, and notes saying how.
 
-    ``models`` are the graphs' node durations under the scenario's other changes (:func:`node_durations`).
+    ``models`` are the graphs' node durations under the scenario's other changes (:func:`node_durations`);
+    ``recorded`` the same requests' durations with none of them, as the simulation takes the recording: given,
+    a scenario at the recorded load is predicted as a change to the recording (below); not given, the simulated
+    latencies are returned as they are.
+
     When the scenario changes the idle gaps of the loop or of the services (location, tier and size lengthen
     io calls; load and failure fill the gaps with other requests' work) and the store has a wake-up profile
     (:mod:`analyzer.wakeup`), the simulation runs twice: once as recorded (the recorded durations, one user),
@@ -485,14 +496,25 @@ def simulate_scenario(
     of work is charged what its gap adds beyond what its recorded gap did. Under load that is a credit: a busy
     loop does not pay the wake-ups its pieces paid at one user (the example's loop did 4-15% less CPU per
     request at 16 users than at one, ``benchmarks/whatif_accuracy.py``, runs 40-44).
+
+    At one user per loop with every replica up (the load the spans were recorded at), durations as recorded
+    (not calibrated to another deployment) and ``recorded`` given, the simulation predicts a *change*: each
+    simulated request's latency is its recorded latency plus what the scenario's pass took beyond the
+    recording's pass for the same request, drawn with the same random numbers (common random numbers). What
+    the simulated loop gets wrong about a request as recorded (its queueing, its leftovers) then cancels, and
+    with nothing changed the prediction is the recording (:func:`_as_change`). On the example's index page
+    the simulated recording came out 1.5 ms (8%) below the recorded latencies, so that every prediction from it
+    started 20% off in median CDF deviation with nothing changed (``docs/accuracy.md``, run 54).
     """
     load = scenario.load
-    gaps_change = (scenario.changes_calls or (load is not None and load.users > 1)
-                   or any(isinstance(c, Failure) for c in scenario.changes))
+    failures = any(isinstance(c, Failure) for c in scenario.changes)
+    gaps_change = scenario.changes_calls or (load is not None and load.users > 1) or failures
     profile = wake_profile(store) if store is not None and gaps_change else None
     services = service_wake_profiles(store) if store is not None and gaps_change else {}
     neighbour, how = _neighbour(scenario, store)
-    if profile is None and not services:
+    as_change = (recorded is not None and (load is None or load.users <= 1) and not failures
+                 and not any(_recalibrated(g) for g in graphs))
+    if profile is None and not services and not as_change:
         latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, neighbour=neighbour)
         return latencies, notes + how
     spread = ""
@@ -504,12 +526,58 @@ def simulate_scenario(
     # sequences of their own, the idle before a post page (after an index page's leftovers, or not) differed
     # between the passes and spread its prediction with nothing changed (p10 0.17 ms low, p90 0.26 high).
     seed = int(rng.integers(2**62))
-    _simulate_once(graphs, [m.baseline() for m in models], Scenario(scenario.name, ()), store, samples,
-                   np.random.default_rng(seed), cost.cost(recording=True), cost.service_cost(recording=True))
+    if as_change and recorded is not None:
+        # the recording as the scenario's pass models it (its pools, its loop), so that only the change differs
+        first, reference = list(recorded), replace(scenario, changes=tuple(
+            c for c in scenario.changes if isinstance(c, Load)))
+    else:
+        first, reference = [m.baseline() for m in models], Scenario(scenario.name, ())
+    cols_0: list[list[int]] = [[] for _ in graphs]
+    cols_s: list[list[int]] = [[] for _ in graphs]
+    base, _ = _simulate_once(graphs, first, reference, store, samples, np.random.default_rng(seed),
+                             cost.cost(recording=True), cost.service_cost(recording=True), columns=cols_0)
     latencies, notes = _simulate_once(graphs, models, scenario, store, samples, np.random.default_rng(seed),
-                                      cost.cost(recording=False), cost.service_cost(recording=False), neighbour)
+                                      cost.cost(recording=False), cost.service_cost(recording=False), neighbour,
+                                      columns=cols_s)
     notes += cost.describe() + how
+    if as_change:
+        latencies, note = _as_change(models, base, latencies, cols_0, cols_s)
+        notes.append(note)
     return latencies, notes
+
+
+def _recalibrated(graph: CausalGraph) -> bool:
+    """Whether the graph's durations were calibrated to a deployment other than the recorded one (the app
+    without the collector, :func:`with_background`), whose latencies the recording does not give."""
+    scale = graph.meta.get(CPU_SCALE_KEY)
+    return WAIT_SCALE_KEY in graph.meta or (isinstance(scale, (int, float)) and scale < 1.0)
+
+
+def _as_change(models: Sequence[NodeDurations], recorded: Sequence[FloatArray], simulated: Sequence[FloatArray],
+               cols_0: Sequence[Sequence[int]], cols_s: Sequence[Sequence[int]]) -> tuple[list[FloatArray], str]:
+    """Each simulated request's recorded latency plus the scenario pass's latency less the recording pass's for
+    the same request (same workload, column and place in the sequence): a prediction of the change, by common
+    random numbers (A. M. Law, *Simulation Modeling and Analysis*, 5th ed., 2015, section 11.2).
+
+    ``recorded``/``simulated``: the two passes' latencies per workload, ``cols_0``/``cols_s`` their columns.
+    Returns the latencies per workload and a note with the simulated recording's mean error, which cancels.
+    """
+    out: list[FloatArray] = []
+    error_sum = 0.0
+    error_n = 0
+    for m, lat_0, lat_s, c0, cs in zip(models, recorded, simulated, cols_0, cols_s, strict=True):
+        n = min(lat_0.size, lat_s.size)
+        if n == 0 or list(c0[:n]) != list(cs[:n]):
+            out.append(lat_s)  # the passes did not draw the same requests: nothing to pair
+            continue
+        seen = evaluate_plan(m.plan, m.base, m.idx[np.asarray(cs[:n], dtype=np.intp)])
+        error_sum += float(np.sum(lat_0[:n] - seen))
+        error_n += n
+        out.append(np.maximum(seen + lat_s[:n] - lat_0[:n], 0.0))
+    note = ("one user, the recorded load: each request predicted as its recorded latency plus what the "
+            "scenario's simulation takes beyond the recording's, on the same random numbers (the simulated "
+            f"recording came out {error_sum / max(error_n, 1):+.3f} ms from the recorded latencies on average)")
+    return out, note
 
 
 def _neighbour(scenario: Scenario, store: SupportsSelect | None) -> tuple[Neighbour | None, list[str]]:
@@ -659,6 +727,7 @@ def _simulate_once(
     wake: Wake | None = None,
     service_wake: Callable[[int, int, int, str, float], float] | None = None,
     neighbour: Neighbour | None = None,
+    columns: list[list[int]] | None = None,
 ) -> tuple[list[FloatArray], list[str]]:
     """:func:`simulate_scenario`'s one pass; ``wake`` as for :func:`simulate`, ``service_wake`` too but told the
     resource's name where :func:`simulate`'s is told its group."""
@@ -848,6 +917,7 @@ def _simulate_once(
         gil_switch_ms=GIL_SWITCH_MS, neighbour=neighbour,
         service_wake=None if service_wake is None else (
             lambda k, j, col, g, idle: service_wake(k, j, col, group_names[g], idle)),
+        columns=columns,
     )
     return latencies, notes
 

@@ -256,8 +256,13 @@ def predict(
     if scenario.needs_simulation:
         from analyzer.loadsim import simulate_scenario
 
+        # the same requests with no change but the load (and pools) the simulation runs at: the recording as the
+        # simulation models it, against which a one-user prediction's change is taken
+        as_recorded = replace(scenario, changes=tuple(c for c in scenario.changes if isinstance(c, Load)))
+        recorded = [node_durations(g, as_recorded, graphs, store, columns[id(g)], rng, typical=typical,
+                                   idx=models[id(g)].idx) for g in graphs]
         latencies, sim_notes = simulate_scenario(graphs, [models[id(g)] for g in graphs], scenario, store, samples,
-                                                 rng)
+                                                 rng, recorded)
         notes += sim_notes
         predicted = {id(g): lat for g, lat in zip(graphs, latencies, strict=True)}
     else:
@@ -570,18 +575,21 @@ def node_durations(
     rng: np.random.Generator,
     *,
     typical: Mapping[tuple[str, str], float] | None = None,
+    idx: npt.NDArray[np.intp] | None = None,
 ) -> NodeDurations:
     """Each node's durations under ``scenario``, with where they came from (profile selection, section 4.3).
 
     ``typical``: :func:`_uncontended` of ``graphs`` (worked out here when not given; :func:`predict` works it
-    out once for all the graphs).
+    out once for all the graphs). ``idx``: the recorded request each sample bootstraps (drawn here when not
+    given; :func:`predict` gives the scenario's to the recording's model, so that both hold the same requests).
     """
     if typical is None:
         typical = _uncontended(graphs, scenario)
     plan, base, baseline_sources = _compiled(graph)
     sources = list(baseline_sources)
     n = base.shape[1]
-    idx = rng.integers(0, n, samples)
+    if idx is None:
+        idx = rng.integers(0, n, samples)
     per_request = _CopyOnWrite(base)
     per_sample: dict[int, FloatArray] = {}
     cpu = [c for c in scenario.changes if isinstance(c, Interference)]
@@ -711,6 +719,23 @@ def _answer_waited(graph: CausalGraph, node: Node, durations: FloatArray,
     return np.clip(np.minimum(np.asarray(queued, dtype=np.float64), room), 0.0, None)
 
 
+def _absorbed(added: FloatArray, waited: FloatArray, share: float) -> FloatArray:
+    """What a call's added delay adds to its duration, given the bound ``waited`` on how long its answer waited
+    for the event loop as recorded, of which the share ``share`` was taken out of the duration already.
+
+    The answer arrives ``added`` later. While the rest of the recorded wait lasts, the loop was busy anyway, so a
+    delay up to it changes nothing; beyond it, every millisecond counts: ``max(added - (1 - share) waited, 0)``.
+    With nothing added the duration is the recording's; with a long delay the whole recorded wait is gone. A
+    negative change (a nearer resource) is added as it is: its answer comes sooner, and the simulated loop
+    decides whether it waits.
+
+    >>> _absorbed(np.array([0.0, 1.0, 20.0, -1.0]), np.array([2.0, 2.0, 2.0, 2.0]), 0.5).tolist()
+    [0.0, 0.0, 19.0, -1.0]
+    """
+    rest = (1.0 - share) * waited
+    return np.asarray(np.where(added >= 0.0, np.maximum(added - rest, 0.0), added), dtype=np.float64)
+
+
 def _io_node(
     j: int,
     node: Node,
@@ -781,27 +806,25 @@ def _io_node(
                              f"Theil-Sen fit on {span}")
     if drawn is not None:
         per_sample[j] = drawn
-    if locations and j not in per_sample:
-        waited = _answer_waited(graph, node, per_request[j], typical)
-        if waited.any():
-            # a farther resource answers whole round trips later, after the work that kept the loop busy when the
-            # answer was recorded: that wait is not carried over (under simulation the loop queues it anew)
-            per_request[j] = per_request[j] - waited
-            notes.append(f"without its recorded wait for the loop (queued_ms): {waited.mean():.3g} ms on average, "
-                         f"at most what it took beyond {_typical_of(node, typical) or 0.0:.3g} ms (the fastest "
-                         "tenth of the calls to its resource while nothing else ran)")
-    elif scenario.needs_simulation and WAIT_SCALE_KEY not in graph.meta:
-        waited = _answer_waited(graph, node, per_request[j], typical) * ANSWER_WAIT_SHARE
-        if waited.any():
-            # the simulated loop queues the answer behind the work it finds there, which the recorded duration
-            # holds too: its expected part, half the bound, is taken out (graphs calibrated to a light run, whose
-            # wait scale absorbs it, keep it)
+    # Each recorded call's wait for the loop after its answer came (a bound, :func:`_answer_waited`; nothing for
+    # durations drawn from a profile, which hold none). The simulated loop queues an answer again, so it takes
+    # out the expected part of the wait (ANSWER_WAIT_SHARE), from every call alike so that the simulation with no
+    # change gives back the recording; graphs calibrated to a light run, whose wait scale absorbs it, keep it.
+    simulated = scenario.needs_simulation and WAIT_SCALE_KEY not in graph.meta
+    share = ANSWER_WAIT_SHARE if simulated else 0.0
+    waited = (_answer_waited(graph, node, per_request[j], typical)
+              if (locations or simulated) and j not in per_sample else None)
+    if simulated:
+        bound = waited if waited is not None else _answer_waited(graph, node, per_request[j], typical)[idx]
+        if bound.any():
             if j in per_sample:
-                per_sample[j] = np.maximum(per_sample[j] - waited[idx], 0.0)
+                per_sample[j] = np.maximum(per_sample[j] - share * bound, 0.0)
             else:
-                per_request[j] = per_request[j] - waited
+                per_request[j] = per_request[j] - share * bound
             notes.append(f"without half its recorded wait for the loop (queued_ms), which the simulated loop "
-                         f"queues again: {waited.mean():.3g} ms on average")
+                         f"queues again: {share * bound.mean():.3g} ms on average")
+    if not locations:
+        return notes
     for loc in locations:
         if not node.round_trips or len(node.round_trips) != per_request.shape[1]:
             raise ScenarioError(
@@ -809,12 +832,12 @@ def _io_node(
                 "round-trip counts, so the added RTT cannot be applied; collect the spans again with perfcast's "
                 "collector (it records perfcast.io.round_trips)"
             )
-        trips = _array(graph, node, "round_trips")
+    trips = _array(graph, node, "round_trips")
+    added: FloatArray = np.zeros(per_request.shape[1])
+    per_sample_added = False
+    for loc in locations:
         if loc.added_ms is not None:
-            if j in per_sample:
-                per_sample[j] = np.maximum(per_sample[j] + trips[idx] * loc.added_ms, 0.0)
-            else:
-                per_request[j] = np.maximum(per_request[j] + trips * loc.added_ms, 0.0)
+            added = added + trips * loc.added_ms
             notes.append(f"{_spec(loc)}: + {loc.added_ms:g} ms x round trips (mean {trips.mean():.3g})")
             continue
         s = _need_store(store, scenario, f"location {loc.label}")
@@ -829,14 +852,26 @@ def _io_node(
             pass
         k = trips[idx].astype(np.int64)
         draws = rng.choice(rtt, size=int(k.sum())) - offset
-        added = np.zeros(idx.size)
+        drawn_rtt = np.zeros(idx.size)
         nz = k > 0
         if nz.any():
             # sum each sample's k round-trip draws: reduceat over the segment starts
             starts = np.concatenate([[0], np.cumsum(k[nz])[:-1]])
-            added[nz] = np.add.reduceat(draws, starts)
-        row = per_sample[j] if j in per_sample else per_request[j][idx]
-        per_sample[j] = np.maximum(row + added, 0.0)
+            drawn_rtt[nz] = np.add.reduceat(draws, starts)
+        added = (added if per_sample_added else added[idx]) + drawn_rtt
+        per_sample_added = True
         notes.append(f"{_spec(loc)}: + rtt [location={loc.label}] x round trips ({sel.how}"
                      f"{f'; minus baseline rtt median {offset:.3g} ms' if offset else ''})")
+    if waited is not None and waited.any():
+        # the answer comes later; what it waited for the loop as recorded (less the part taken out above) absorbs
+        # the delay first, since the loop was busy until then anyway; a long delay leaves none of it
+        added = _absorbed(added, waited[idx] if per_sample_added else waited, share)
+        notes.append(f"its recorded wait for the loop (queued_ms; {waited.mean():.3g} ms on average, at most what it "
+                     f"took beyond {_typical_of(node, typical) or 0.0:.3g} ms, the fastest tenth of the calls to its "
+                     "resource while nothing else ran) absorbs the added delay first")
+    if j in per_sample or per_sample_added:
+        row = per_sample[j] if j in per_sample else per_request[j][idx]
+        per_sample[j] = np.maximum(row + (added if per_sample_added else added[idx]), 0.0)
+    else:
+        per_request[j] = np.maximum(per_request[j] + added, 0.0)
     return notes

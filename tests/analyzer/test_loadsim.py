@@ -24,9 +24,11 @@ from analyzer.loadsim import (
     background_demand,
     calibrate,
     fit_wait_scale,
+    simulate_scenario,
     with_background,
 )
-from analyzer.predict import predict
+from analyzer.predict import _with_observed_pools, node_durations, predict
+from analyzer.scenario import parse_scenario
 from analyzer.spans import read_spans
 
 
@@ -55,6 +57,16 @@ def mean_latency(graphs: list[CausalGraph], spec: str) -> float:
     return p.predicted.mean
 
 
+def simulated_mean(graphs: list[CausalGraph], spec: str) -> float:
+    """The simulated loop's own mean latency under ``spec``: the simulation's mechanics, without the change
+    taken against the recording that :func:`predict` makes at the recorded load (one user)."""
+    scenario, _ = _with_observed_pools(parse_scenario(spec), graphs)
+    r = rng()
+    models = [node_durations(g, scenario, graphs, None, 600, r) for g in graphs]
+    latencies, _ = simulate_scenario(graphs, models, scenario, None, 600, r)
+    return float(np.mean(np.concatenate(latencies)))
+
+
 class TestCpuModel:
     def test_pure_compute_queues(self) -> None:
         g = chain("GET /", compute("c", 2.0))
@@ -79,8 +91,25 @@ class TestCpuModel:
             edges = [("start", "a"), ("start", "b"), ("a", "join"), ("b", "join"), ("join", "end")]
             return CausalGraph("GET /", nodes, edges, latency_ms=[2.1] * 20)
 
-        assert mean_latency([graph({"queued_ms": [1.0] * 20})], "load:1") == pytest.approx(2.1)
-        assert mean_latency([graph({})], "load:1") == pytest.approx(3.1)  # kept, the queueing counts twice
+        assert simulated_mean([graph({"queued_ms": [1.0] * 20})], "load:1") == pytest.approx(2.1)
+        assert simulated_mean([graph({})], "load:1") == pytest.approx(3.1)  # kept, the queueing counts twice
+
+    def test_at_one_user_the_change_is_taken_against_the_recording(self) -> None:
+        # two calls in parallel, each followed by a 1 ms step: the recording says 2 ms (its steps overlap, which
+        # no single loop does), the simulated loop serves the steps one after the other (3 ms). At the recorded
+        # load the prediction is the recording plus what the scenario adds to the simulated recording
+        nodes = [Node("start", NodeKind.START, (0.0,) * 20), io("a", 1.0), compute("c1", 1.0), io("b", 1.0),
+                 compute("c2", 1.0), Node("end", NodeKind.END, (0.0,) * 20)]
+        edges = [("start", "a"), ("a", "c1"), ("c1", "end"), ("start", "b"), ("b", "c2"), ("c2", "end")]
+        g = CausalGraph("GET /", nodes, edges, latency_ms=[2.0] * 20)
+        assert simulated_mean([g], "load:1") == pytest.approx(3.0)
+        assert mean_latency([g], "load:1") == pytest.approx(2.0)  # nothing changed: the recording
+        assert simulated_mean([g], "load:1; location:redis=+5ms") == pytest.approx(8.0)
+        assert mean_latency([g], "load:1; location:redis=+5ms") == pytest.approx(7.0)
+        (p,) = predict([g], "load:1", samples=50, rng=rng())
+        assert any("simulated recording came out +1.000 ms from" in note for note in p.notes)
+        # under load the simulation is the prediction: no recording was made at that load
+        assert mean_latency([g], "load:2") == pytest.approx(simulated_mean([g], "load:2"))
 
     def test_half_an_answers_recorded_wait_for_the_loop_is_taken_out(self) -> None:
         # a call of 1 ms when its answer found the loop free, 3 ms when the loop ran 2 ms of other steps before
@@ -89,12 +118,15 @@ class TestCpuModel:
         a = Node("a", NodeKind.IO, (1.0, 3.0) * 10, api="redis GET", resource="redis://h:1/0", system="redis",
                  round_trips=(1,) * 20, extra={"queued_ms": [0.0, 2.0] * 10})
         g = chain("GET /", a)
-        assert mean_latency([g], "load:1") == pytest.approx(1.5, rel=0.05)
-        # a farther resource's answer comes after that work: the whole wait goes
-        assert mean_latency([g], "location:redis=+0ms") == pytest.approx(1.0, rel=0.05)
+        assert simulated_mean([g], "load:1") == pytest.approx(1.5, rel=0.05)
+        # a farther resource's answer comes 10 ms later, after that work: the rest of the wait absorbs the first
+        # 1 ms of the delay, and the call takes 11 ms either way
+        assert simulated_mean([g], "location:redis=+10ms") == pytest.approx(11.0, rel=0.01)
+        # predicted as a change to the recording: nothing added, nothing changes
+        assert mean_latency([g], "location:redis=+0ms") == pytest.approx(2.0, rel=0.02)
         # calibrated to a light run, whose wait scale holds it: kept
         g.meta[WAIT_SCALE_KEY] = 1.0
-        assert mean_latency([g], "load:1") == pytest.approx(2.0, rel=0.05)
+        assert simulated_mean([g], "load:1") == pytest.approx(2.0, rel=0.05)
 
     def test_io_cpu_holds_the_loop(self) -> None:
         # a 10 ms call of which 2 ms are the client library's CPU on the loop: D = 2, Z = 8
@@ -214,9 +246,9 @@ class TestCpuModel:
                  ("b1", "p2"), ("p2", "b2"), ("b2", "end"), ("c0", "h3"), ("h3", "d1"), ("d1", "p3"),
                  ("p3", "d2"), ("d2", "end")]
         g = CausalGraph("GET /", nodes, edges, latency_ms=[9.0] * 20)
-        assert mean_latency([g], "load:1?pool.redis=1") == pytest.approx(9.0)
+        assert simulated_mean([g], "load:1?pool.redis=1") == pytest.approx(9.0)
         # two connections: t2 gets one at 3 (b2 waits behind a1, to 6), t3 the other at 7: p3 [7, 8], end at 8
-        assert mean_latency([g], "load:1?pool.redis=2") == pytest.approx(8.0)
+        assert simulated_mean([g], "load:1?pool.redis=2") == pytest.approx(8.0)
 
     def test_a_shielded_release_keeps_the_connection_and_its_reset_takes_none(self) -> None:
         # asyncpg's pool.fetch: the query (p1, 2 ms), the caller's step (c1, 1 ms) then, shielded, the release
@@ -244,7 +276,7 @@ class TestCpuModel:
                  ("s1", "sync"), ("c1", "sync"), ("sync", "c2"), ("c2", "end"),
                  ("c0", "h"), ("h", "t1"), ("t1", "p2"), ("p2", "t2"), ("t2", "end")]
         g = CausalGraph("GET /", nodes, edges, latency_ms=[7.5] * 20)
-        assert mean_latency([g], "load:1?pool.postgresql=1") == pytest.approx(7.5)
+        assert simulated_mean([g], "load:1?pool.postgresql=1") == pytest.approx(7.5)
 
         # The caller wakes up 0.5 ms after the release (sync 0.5 ms) and has nothing left to do (c2 0 ms). The
         # connection went back in the release itself, at 6.5: the other task's call runs [6.5, 7.5], the request
@@ -252,7 +284,7 @@ class TestCpuModel:
         late = [replace(n, samples_ms=(0.5,) * 20) if n.id == "sync" else
                 replace(n, samples_ms=(0.0,) * 20, cpu_ms=(0.0,) * 20) if n.id == "c2" else n for n in nodes]
         g = CausalGraph("GET /", late, edges, latency_ms=[7.5] * 20)
-        assert mean_latency([g], "load:1?pool.postgresql=1") == pytest.approx(7.5)
+        assert simulated_mean([g], "load:1?pool.postgresql=1") == pytest.approx(7.5)
 
     def test_a_recorded_wait_for_a_connection_gives_way_to_the_simulated_pool(self) -> None:
         # Task a holds the one connection for its 1 ms call [1, 2]; task b recorded a 3 ms wait on a future
@@ -273,8 +305,8 @@ class TestCpuModel:
         edges = [("start", "c0"), ("c0", "pa"), ("pa", "a1"), ("a1", "end"), ("c0", "b0"), ("b0", "w"),
                  ("w", "b1"), ("b1", "pb"), ("pb", "b2"), ("b2", "end")]
         g = CausalGraph("GET /", nodes, edges, latency_ms=[6.0] * 20)
-        assert mean_latency([g], "load:1?pool.redis=1") == pytest.approx(4.0)
-        assert mean_latency([g], "load:1") == pytest.approx(6.0)
+        assert simulated_mean([g], "load:1?pool.redis=1") == pytest.approx(4.0)
+        assert simulated_mean([g], "load:1") == pytest.approx(6.0)
         (p,) = predict([g], "load:1?pool.redis=1", samples=100, rng=rng())
         assert any("1 recorded waits for a pooled connection left out" in n for n in p.notes)
 
@@ -470,8 +502,8 @@ class TestPoolHolders:
         nodes += [node("gather", NodeKind.SYNC, 0.0, "root"), Node("end", NodeKind.END, (0.0,) * 20)]
         edges += [("c1", "gather"), ("gather", "end")]
         g = CausalGraph("GET /", nodes, edges, latency_ms=[6.0] * 20)
-        assert mean_latency([g], "load:1?pool.redis=1") == pytest.approx(8.0)
-        assert mean_latency([g], "load:1?pool.redis=2") == pytest.approx(6.0)
+        assert simulated_mean([g], "load:1?pool.redis=1") == pytest.approx(8.0)
+        assert simulated_mean([g], "load:1?pool.redis=2") == pytest.approx(6.0)
 
 
 class TestMix:
