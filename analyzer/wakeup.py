@@ -148,7 +148,6 @@ def add_wake_profiles(
     measured: Mapping[float, Sequence[Request]],
     every: Sequence[Request],
     note: str = "",
-    client_ms: Mapping[float, Sequence[float]] | None = None,
 ) -> list[str]:
     """Store the loop's and the services' wake-up profiles from the spans of requests sent after pauses.
 
@@ -160,24 +159,16 @@ def add_wake_profiles(
     pause, at the median idle the resource had before those calls. A resource whose levels do not grow with the
     pause, or span under 5 ms, gets none. Returns one line per profile stored, saying what it holds.
 
-    ``client_ms[g]``: the client-side latencies of the same requests. An app woken by a request reads and
-    parses it before its server span starts, so part of its warm-up is outside the spans, where a wait in the
-    middle of a request has none: each loop level then gains how much the client-side latency exceeds the
-    server-side one at that pause beyond back to back (medians; the client's own wake-up after its pause is in
-    it too). On the example, the post page under ``location:postgresql=+10ms`` took 1.7 ms beyond its delays
-    where the spans' profiles priced 0.5, and the client-side excess grew 0.4-0.5 ms after pauses of 5 ms or
-    more (docs/whatif.md).
+    Only the server side counts: what the client-side latency gains after a pause beyond the server span's
+    (the client's own wake-up and the kernel's delivery of the request to a sleeping app) has no part in a
+    wait in the middle of a request. Added to the loop's levels (+0.24 ms at 10 ms, +0.51 at 20 on the
+    example), it priced the location scenarios' index pages 1-3 ms above what was measured and their post pages
+    0.3-0.6 ms above (``docs/accuracy.md``, runs 54 and 55).
     """
     loop = {g: [_off_io_ms(r) for r in rs] for g, rs in measured.items()}
-    outside = _outside_span_ms(measured, client_ms) if client_ms is not None else {}
-    if outside:
-        loop = {g: [x + outside.get(g, 0.0) for x in xs] for g, xs in loop.items()}
     add_wake_profile(store, name, loop, note=note)
     lines = [f"loop ({name}, without its io calls): " + ", ".join(
         f"{np.median(x):.3f} ms at {g:g}" for g, x in sorted(loop.items()) if x)]
-    if outside:
-        lines.append("loop: with the warm-up before the server span (client-side minus server-side latency beyond "
-                     "back to back): " + ", ".join(f"{x:+.3f} ms at {g:g}" for g, x in sorted(outside.items())))
     starts: dict[str, list[int]] = {}
     for req in every:
         for call in req.ios:
@@ -212,20 +203,6 @@ def add_wake_profiles(
         lines.append(f"service {resource}: first call " + ", ".join(
             f"{np.median(by_gap[g][1]):.3f} ms after {level:g} ms idle" for g, level in zip(gaps, levels, strict=True)))
     return lines
-
-
-def _outside_span_ms(measured: Mapping[float, Sequence[Request]],
-                     client_ms: Mapping[float, Sequence[float]]) -> dict[float, float]:
-    """Per pause, how much more the client-side latency exceeds the server-side one than back to back (medians),
-    or nothing when the back-to-back level or a level's latencies are missing."""
-    def excess(g: float) -> float | None:
-        client, server = client_ms.get(g, ()), [r.latency_ms for r in measured.get(g, ())]
-        return float(np.median(client) - np.median(server)) if len(client) and server else None
-
-    ref = excess(0.0)
-    if ref is None:
-        return {}
-    return {float(g): x - ref for g in measured if (x := excess(g)) is not None}
 
 
 def _off_io_ms(req: Request) -> float:

@@ -210,13 +210,12 @@ def _profile_cpu(store: ProfileStore, cpu_pct: float, budget_s: float = 5.0) -> 
 
 def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: Any) -> None:
     """A wake-up profile of the app (:mod:`analyzer.wakeup`): its post page's server-side latency, one request
-    at a time, after pauses of :data:`IDLE_MS`, from the spans of one collected run, with the warm-up before the
-    server span that the client-side latencies show."""
+    at a time, after pauses of :data:`IDLE_MS`, from the spans of one collected run (server side only)."""
     got = measure_idle(setup, IDLE_MS, requests=200, rounds=2, spans=work / "wake.jsonl", on_step=status)
     with (work / "wake.pkl").open("wb") as f:  # the profile's data, for building it again another way
         pickle.dump(got, f)
     for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests, got.every,
-                                  note="whatif_accuracy: server-side latency after a pause", client_ms=got.client_ms):
+                                  note="whatif_accuracy: server-side latency after a pause"):
         status(f"wake-up profile: {line}")
 
 

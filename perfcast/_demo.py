@@ -233,7 +233,7 @@ def _wake_profile(setup: Any, out: Path, quick: bool, step: Any) -> Any:
                        on_step=step)
     store = ProfileStore(path)
     for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests, got.every,
-                                  note="perfcast demo: server-side latency after a pause", client_ms=got.client_ms):
+                                  note="perfcast demo: server-side latency after a pause"):
         step(f"wake-up profile: {line}")
     return store
 

@@ -230,18 +230,3 @@ def test_under_load_a_busy_service_does_not_pay_the_wake_ups_recorded_at_one_use
     assert any("service wake-ups charged on" in n and "-0.400 ms each" in n for n in busy.notes)
 
 
-def test_the_warm_up_before_the_server_span_joins_the_loop_profile(tmp_path: Path) -> None:
-    # Two requests per pause, 2.0 ms server-side each with nothing in flight (so 2.0 of loop work). The client saw
-    # them 0.5 ms longer back to back and 0.9 ms longer after 20 ms pauses: the 20 ms level gains 0.4 ms.
-    reqs = {0.0: [_request("a", 0.0, 2.0, []), _request("b", 3.0, 5.0, [])],
-            20.0: [_request("c", 25.0, 27.0, []), _request("d", 47.0, 49.0, [])]}
-    client = {0.0: [2.5, 2.5], 20.0: [2.9, 2.9]}
-    with ProfileStore(tmp_path / "p.db") as s:
-        lines = add_wake_profiles(s, "forum GET /post/{id}", reqs, [r for rs in reqs.values() for r in rs],
-                                  client_ms=client)
-        loop = wake_profile(s)
-    assert loop is not None and loop.at(20.0, 0.5) == pytest.approx(0.4, abs=1e-5)
-    assert any("+0.400 ms at 20" in line for line in lines)
-    with ProfileStore(tmp_path / "q.db") as s:  # without the client's latencies: the spans alone
-        add_wake_profiles(s, "forum GET /post/{id}", reqs, [r for rs in reqs.values() for r in rs])
-        assert wake_profile(s).at(20.0, 0.5) == pytest.approx(0.0, abs=1e-5)
