@@ -503,8 +503,9 @@ def simulate_scenario(
     recording's pass for the same request, drawn with the same random numbers (common random numbers). What
     the simulated loop gets wrong about a request as recorded (its queueing, its leftovers) then cancels, and
     with nothing changed the prediction is the recording (:func:`_as_change`). On the example's index page
-    the simulated recording came out 1.5 ms (8%) below the recorded latencies, so that every prediction from it
-    started 20% off in median CDF deviation with nothing changed (``docs/accuracy.md``, run 54).
+    the simulated recording came out 1.7 ms (9%) below the recorded latencies at the median, so that every
+    prediction from it started 21% off in median CDF deviation with nothing changed (``docs/accuracy.md``, run
+    54).
     """
     load = scenario.load
     failures = any(isinstance(c, Failure) for c in scenario.changes)

@@ -6,14 +6,18 @@ scenario implies), and the distributions are combined over the graph (sum along 
 min / k-th at any-waits). perfcast does the combination by joint Monte Carlo (:mod:`analyzer.distribution`):
 it bootstraps whole recorded requests, so the nodes of one request stay together, and draws profile samples
 for the touched nodes. Load and failure scenarios change how requests share the event loop and the
-connection pools; they are simulated (:mod:`analyzer.loadsim`).
+connection pools; they are simulated (:mod:`analyzer.loadsim`), and so is a scenario whose calls meet a
+connection pool or wake-up and CPU profiles, at one user: at that load, the recorded one, the simulation
+predicts the change to each recorded request rather than its latency
+(:func:`analyzer.loadsim.simulate_scenario`).
 
 How each change turns into node durations (``--explain`` prints it for every node):
 
 - ``location:R=+Xms``: an io node's sample i gains ``round_trips[i] * X`` (round trips measured at
-  collection; a call that pipelines or reuses a prepared statement makes fewer, a new connection more), after
-  losing its recorded wait for the loop (``queued_ms``, bounded by :func:`_answer_waited`): the answer now
-  comes after the work it waited behind.
+  collection; a call that pipelines or reuses a prepared statement makes fewer, a new connection more), less
+  what of it the call's recorded wait for the loop absorbs (``queued_ms``, bounded by :func:`_answer_waited`:
+  the loop was busy until then anyway, :func:`_absorbed`): a long delay's answer comes after the work it
+  waited behind, and nothing added changes nothing.
 - ``location:R=LABEL``: each round trip gains a draw of the ``rtt`` profile ``location=LABEL``, minus the
   median of the baseline ``rtt`` profile of that resource when the store has one (the recorded call already
   paid one baseline round trip each time).

@@ -162,8 +162,8 @@ def add_wake_profiles(
     Only the server side counts: what the client-side latency gains after a pause beyond the server span's
     (the client's own wake-up and the kernel's delivery of the request to a sleeping app) has no part in a
     wait in the middle of a request. Added to the loop's levels (+0.24 ms at 10 ms, +0.51 at 20 on the
-    example), it priced the location scenarios' index pages 1-3 ms above what was measured and their post pages
-    0.3-0.6 ms above (``docs/accuracy.md``, runs 54 and 55).
+    example), it priced the location scenarios 0.3-3.5 ms above what was measured (``docs/accuracy.md``, runs
+    54 and 55).
     """
     loop = {g: [_off_io_ms(r) for r in rs] for g, rs in measured.items()}
     add_wake_profile(store, name, loop, note=note)

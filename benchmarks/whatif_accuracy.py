@@ -35,8 +35,9 @@ the blob service's cache). Raw results go to ``benchmarks/results/whatif_accurac
                                          [--users 16] [--embedded] [--only nothing,load,size]
 
 Every run keeps its recordings (spans, runs, profiles) in a work directory, printed at the end;
-``--recordings DIR`` predicts again from them without measuring, so that two versions of the engine are
-compared on the same data (the machine's drift between runs is larger than most model changes).
+``--recordings DIR`` predicts again from them without measuring, the wake-up profiles built again from their
+data (``wake.pkl``), so that two versions of the engine are compared on the same data (the machine's drift
+between runs is larger than most model changes).
 """
 
 from __future__ import annotations
@@ -217,6 +218,33 @@ def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: An
     for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests, got.every,
                                   note="whatif_accuracy: server-side latency after a pause"):
         status(f"wake-up profile: {line}")
+
+
+class _WithWakeAgain:
+    """A recording's profile store with its wake-up profiles built again, by the current code, from the data
+    they were built from (``wake.pkl``): how a profile is built is part of what a prediction made again judges.
+    The recording's own store is left as it was."""
+
+    def __init__(self, store: ProfileStore, work: Path, status: Any) -> None:
+        self.store = store
+        with (work / "wake.pkl").open("rb") as f:
+            got = pickle.load(f)
+        self._dir = tempfile.TemporaryDirectory(prefix="perfcast-wake-")
+        self.wake = ProfileStore(Path(self._dir.name) / "wake.db")
+        for line in add_wake_profiles(self.wake, "forum GET /post/{id}", got.requests, got.every,
+                                      note="whatif_accuracy: built again from wake.pkl"):
+            status(f"wake-up profile, built again: {line}")
+
+    def keys(self) -> list[ProfileKey]:
+        return [k for k in self.store.keys() if k.api not in (WAKE_API, SERVICE_WAKE_API)] + self.wake.keys()
+
+    def select(self, api: str, *args: Any, **kwargs: Any) -> Any:
+        return (self.wake if api in (WAKE_API, SERVICE_WAKE_API) else self.store).select(api, *args, **kwargs)
+
+    def close(self) -> None:
+        self.wake.close()
+        self._dir.cleanup()
+        self.store.close()
 
 
 class _WithoutWake:
@@ -412,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
 
     wake = False
     if again:
+        if (work / "wake.pkl").is_file() and not ns.no_wake:
+            store = _WithWakeAgain(store, work, status)  # type: ignore[assignment]
         wake = not ns.no_wake and any(k.api == WAKE_API for k in store.keys())
     elif any(c.selector for c in cases) and not ns.no_wake:
         console.print("[bold]profiles[/]: wake-up of the app after pauses of "

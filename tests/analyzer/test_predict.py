@@ -97,6 +97,10 @@ class TestBaselineAndLocation:
         # a scenario that leaves the call's timing alone keeps what was recorded, its wait included
         (p,) = predict([g], "interference:cpu=0", samples=500, rng=rng())
         assert values(p.predicted) == {4.0}
+        # the wait absorbs a delay shorter than itself: +0 ms changes nothing, +1 ms only a's 1 ms, +3 ms b's 1
+        for added, expected in ((0, 4.0), (1, 5.0), (3, 8.0)):
+            (p,) = predict([g], f"location:postgresql=+{added}ms", samples=500, rng=rng())
+            assert values(p.predicted) == {expected}
 
     def test_round_trips_vary_per_request(self) -> None:
         g = graph("GET /", [io("a", [1.0, 1.0], trips=[1, 3])], [("start", "a"), ("a", "end")])
