@@ -102,7 +102,7 @@ if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
 __all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "WAIT_SCALE_KEY", "BackgroundDemand", "Calibration", "Workload",
-           "background_demand", "background_from_spans", "calibrate", "fit_wait_scale",
+           "as_recorded", "at_recorded_load", "background_demand", "background_from_spans", "calibrate", "fit_wait_scale",
            "simulate", "simulate_scenario", "with_background"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -508,13 +508,12 @@ def simulate_scenario(
     54).
     """
     load = scenario.load
-    failures = any(isinstance(c, Failure) for c in scenario.changes)
-    gaps_change = scenario.changes_calls or (load is not None and load.users > 1) or failures
+    gaps_change = (scenario.changes_calls or (load is not None and load.users > 1)
+                   or any(isinstance(c, Failure) for c in scenario.changes))
     profile = wake_profile(store) if store is not None and gaps_change else None
     services = service_wake_profiles(store) if store is not None and gaps_change else {}
     neighbour, how = _neighbour(scenario, store)
-    as_change = (recorded is not None and (load is None or load.users <= 1) and not failures
-                 and not any(_recalibrated(g) for g in graphs))
+    as_change = recorded is not None and at_recorded_load(scenario, graphs)
     if profile is None and not services and not as_change:
         latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, neighbour=neighbour)
         return latencies, notes + how
@@ -527,10 +526,9 @@ def simulate_scenario(
     # sequences of their own, the idle before a post page (after an index page's leftovers, or not) differed
     # between the passes and spread its prediction with nothing changed (p10 0.17 ms low, p90 0.26 high).
     seed = int(rng.integers(2**62))
-    if as_change and recorded is not None:
+    if recorded is not None and as_change:
         # the recording as the scenario's pass models it (its pools, its loop), so that only the change differs
-        first, reference = list(recorded), replace(scenario, changes=tuple(
-            c for c in scenario.changes if isinstance(c, Load)))
+        first, reference = list(recorded), as_recorded(scenario)
     else:
         first, reference = [m.baseline() for m in models], Scenario(scenario.name, ())
     cols_0: list[list[int]] = [[] for _ in graphs]
@@ -545,6 +543,20 @@ def simulate_scenario(
         latencies, note = _as_change(models, base, latencies, cols_0, cols_s)
         notes.append(note)
     return latencies, notes
+
+
+def at_recorded_load(scenario: Scenario, graphs: Sequence[CausalGraph]) -> bool:
+    """Whether ``scenario`` runs at the load the graphs were recorded at (one user per loop, every replica up,
+    durations not calibrated to another deployment): where :func:`simulate_scenario` predicts the change to the
+    recording, given the recording's durations (:func:`as_recorded`)."""
+    load = scenario.load
+    return ((load is None or load.users <= 1) and not any(isinstance(c, Failure) for c in scenario.changes)
+            and not any(_recalibrated(g) for g in graphs))
+
+
+def as_recorded(scenario: Scenario) -> Scenario:
+    """``scenario`` with no change but its load (and pools): the recording as its simulation models it."""
+    return replace(scenario, changes=tuple(c for c in scenario.changes if isinstance(c, Load)))
 
 
 def _recalibrated(graph: CausalGraph) -> bool:

@@ -258,13 +258,13 @@ def predict(
               for g in graphs}
     notes = _scenario_notes(scenario, graphs) + ([pool_note] if pool_note else [])
     if scenario.needs_simulation:
-        from analyzer.loadsim import simulate_scenario
+        from analyzer.loadsim import as_recorded, at_recorded_load, simulate_scenario
 
-        # the same requests with no change but the load (and pools) the simulation runs at: the recording as the
-        # simulation models it, against which a one-user prediction's change is taken
-        as_recorded = replace(scenario, changes=tuple(c for c in scenario.changes if isinstance(c, Load)))
-        recorded = [node_durations(g, as_recorded, graphs, store, columns[id(g)], rng, typical=typical,
-                                   idx=models[id(g)].idx) for g in graphs]
+        # at the recorded load, the same requests with no change but the load (and pools) the simulation runs at:
+        # the recording as the simulation models it, against which the prediction's change is taken
+        recorded = ([node_durations(g, as_recorded(scenario), graphs, store, columns[id(g)], rng, typical=typical,
+                                    idx=models[id(g)].idx) for g in graphs]
+                    if at_recorded_load(scenario, graphs) else None)
         latencies, sim_notes = simulate_scenario(graphs, [models[id(g)] for g in graphs], scenario, store, samples,
                                                  rng, recorded)
         notes += sim_notes

@@ -220,6 +220,10 @@ def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: An
         status(f"wake-up profile: {line}")
 
 
+_WAKE_APIS = (WAKE_API, SERVICE_WAKE_API)
+"""The apis of the wake-up profiles (the loop's and the services')."""
+
+
 class _WithWakeAgain:
     """A recording's profile store with its wake-up profiles built again, by the current code, from the data
     they were built from (``wake.pkl``): how a profile is built is part of what a prediction made again judges.
@@ -236,10 +240,10 @@ class _WithWakeAgain:
             status(f"wake-up profile, built again: {line}")
 
     def keys(self) -> list[ProfileKey]:
-        return [k for k in self.store.keys() if k.api not in (WAKE_API, SERVICE_WAKE_API)] + self.wake.keys()
+        return [k for k in self.store.keys() if k.api not in _WAKE_APIS] + self.wake.keys()
 
     def select(self, api: str, *args: Any, **kwargs: Any) -> Any:
-        return (self.wake if api in (WAKE_API, SERVICE_WAKE_API) else self.store).select(api, *args, **kwargs)
+        return (self.wake if api in _WAKE_APIS else self.store).select(api, *args, **kwargs)
 
     def close(self) -> None:
         self.wake.close()
@@ -254,7 +258,7 @@ class _WithoutWake:
         self.store = store
 
     def keys(self) -> list[ProfileKey]:
-        return [k for k in self.store.keys() if k.api not in (WAKE_API, SERVICE_WAKE_API)]
+        return [k for k in self.store.keys() if k.api not in _WAKE_APIS]
 
     def select(self, *args: Any, **kwargs: Any) -> Any:
         return self.store.select(*args, **kwargs)
