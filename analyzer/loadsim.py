@@ -95,7 +95,6 @@ from analyzer.wakeup import (
     service_profile_for,
     service_wake_profiles,
     wake_profile,
-    with_route_work,
 )
 
 if TYPE_CHECKING:
@@ -517,9 +516,9 @@ def simulate_scenario(
     if profile is None and not services and not as_change:
         latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, neighbour=neighbour)
         return latencies, notes + how
-    spread = ""
-    if profile is not None:
-        profile, spread = with_route_work(profile, graphs)
+    spread = "" if profile is None else (
+        f"the first {profile.span_ms:.2g} ms of loop work (the work the profile's extra was measured on: its "
+        "requests' median back to back)")
     cost = _WakeCost(profile, spread, int(rng.integers(2**62)), services)
     # Both passes draw the same sequence of requests (at one user, the same one after the other), so that a
     # piece of work is charged beyond what the same piece was charged after the same predecessor: with
@@ -793,7 +792,7 @@ def _simulate_once(
     # loop starts them before any answer comes, where the recorded answers came sooner and waited for the loop
     # (the example's index page came out 0.3-1.15 ms above its recording with nothing changed).
     shift_levels = users > 1 or bool(failed_groups)
-    ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = sync_nodes = 0
+    ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = sync_nodes = loop_cpu_nodes = 0
     parts: list[tuple[Any, ...]] = []
     for gi, (graph, model) in enumerate(zip(graphs, models, strict=True)):
         durations = model.sample_matrix()
@@ -812,6 +811,13 @@ def _simulate_once(
                 if stretch != 1.0:  # a CPU neighbour: as analyzer.predict stretched the call's duration
                     cpu_before[j] *= stretch
                     cpu_after[j] *= stretch
+            if j in model.loop_cpu:
+                # a bigger answer to take in: the loop is held for the caller's extra CPU, and the calls queue
+                # for it here, where the profile's callers did among themselves
+                added, queued = model.loop_cpu[j]
+                cpu_after[j] = np.maximum(cpu_after[j] + added, 0.0)
+                durations[j] = np.maximum(durations[j] - queued, cpu_before[j] + cpu_after[j])
+                loop_cpu_nodes += 1
             ready = node.extra.get("ready_ms")
             if scale is not None and node.kind is NodeKind.IO:
                 # calibrated: the call's CPU is the process's own share only (the collector's cost taken out)
@@ -907,6 +913,9 @@ def _simulate_once(
     if io_cpu_nodes:
         notes.append(f"{io_cpu_nodes} io nodes hold the loop for their recorded CPU (the client library's work "
                      "before and after the wait); only the rest of the call overlaps")
+    if loop_cpu_nodes:
+        notes.append(f"{loop_cpu_nodes} io nodes hold the loop for the caller's CPU the scenario adds to them (a "
+                     "bigger answer to take in), the calls queueing for it on the simulated loop")
     for gid, f in failed_groups.items():
         if not curves.has_group(gid, workloads):
             raise ProfileError(

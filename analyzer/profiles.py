@@ -23,7 +23,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 from urllib.parse import urlsplit
@@ -54,7 +54,7 @@ RTT_API = "rtt"
 PARAMS = ("size_bytes", "concurrency", "cpu_pct", "idle_ms")
 """The workload parameters a parameterised profile can be keyed by."""
 
-FORMAT = "perfcast-profiles/2"
+FORMAT = "perfcast-profiles/3"
 
 _PROFILE_COLUMNS = """(
     id INTEGER PRIMARY KEY,
@@ -76,7 +76,8 @@ CREATE TABLE IF NOT EXISTS batch (
     count INTEGER NOT NULL,
     round_trips REAL,
     note TEXT NOT NULL,
-    samples BLOB NOT NULL
+    samples BLOB NOT NULL,
+    cpu_ms REAL
 );
 CREATE INDEX IF NOT EXISTS batch_profile ON batch(profile_id);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -90,10 +91,16 @@ INSERT INTO profile_v2(id, api, resource, labels, param, value, concurrency)
            CASE WHEN param = 'concurrency' THEN CAST(value AS INTEGER) ELSE 1 END FROM profile;
 DROP TABLE profile;
 ALTER TABLE profile_v2 RENAME TO profile;
-UPDATE meta SET value = '{FORMAT}' WHERE name = 'format';
+UPDATE meta SET value = 'perfcast-profiles/2' WHERE name = 'format';
 """
 """Format 1 had no ``concurrency`` column: every profile was measured with one caller, but those
 parameterised by concurrency, whose callers are their value. The ids stay, so the batches keep their profile."""
+
+_FROM_V2 = f"""
+ALTER TABLE batch ADD COLUMN cpu_ms REAL;
+UPDATE meta SET value = '{FORMAT}' WHERE name = 'format';
+"""
+"""Format 2 had no ``cpu_ms`` column (the caller's CPU per call): its batches have none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +164,9 @@ class Selection:
     """The profile(s) used (two when interpolated)."""
     how: str
     """Human-readable: ``parameterised size_bytes=6e+06 (interpolated 1e+06..1e+07)``."""
+    cpu_ms: float | None = None
+    """The caller's CPU per call (ms) where the profiles recorded it, interpolated as the samples are: the client
+    library's work to send the request and take in the answer, on the caller's thread (its event loop)."""
 
 
 def parse_labels(items: Iterable[str]) -> dict[str, str]:
@@ -242,9 +252,10 @@ class ProfileStore:
             fmt = self._db.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
         except sqlite3.DatabaseError as exc:
             raise ProfileError(f"{self.path}: not a perfcast profile store ({exc})") from None
-        if fmt is not None and fmt[0] == "perfcast-profiles/1":
-            with self._transaction():  # one transaction: an interrupted upgrade leaves format 1 as it was
-                for statement in _FROM_V1.split(";"):
+        if fmt is not None and fmt[0] in ("perfcast-profiles/1", "perfcast-profiles/2"):
+            upgrade = (_FROM_V1 if fmt[0].endswith("/1") else "") + _FROM_V2
+            with self._transaction():  # one transaction: an interrupted upgrade leaves the old format as it was
+                for statement in upgrade.split(";"):
                     if statement.strip():
                         self._db.execute(statement)
             fmt = (FORMAT,)
@@ -267,9 +278,11 @@ class ProfileStore:
         samples_ms: Sequence[float] | npt.NDArray[np.float64],
         *,
         round_trips: float | None = None,
+        cpu_ms: float | None = None,
         note: str = "",
     ) -> None:
-        """Append samples to the profile ``key`` (created on first use), in one transaction."""
+        """Append samples to the profile ``key`` (created on first use), in one transaction; ``cpu_ms``: the
+        caller's CPU per call while they were measured, when known."""
         values = np.asarray(samples_ms, dtype="<f8").ravel()
         if not key.api:
             raise ProfileError("profile key: field 'api' must not be empty")
@@ -284,6 +297,8 @@ class ProfileStore:
             raise ProfileError(f"{key.describe()}: no samples to add")
         if not np.all(np.isfinite(values)) or np.any(values < 0):
             raise ProfileError(f"{key.describe()}: samples must be finite and non-negative")
+        if cpu_ms is not None and not (np.isfinite(cpu_ms) and cpu_ms >= 0):
+            raise ProfileError(f"{key.describe()}: field 'cpu_ms' must be finite and non-negative, got {cpu_ms}")
         labels = json.dumps([list(p) for p in key.labels])
         with self._transaction():
             self._db.execute(
@@ -297,8 +312,9 @@ class ProfileStore:
                 (key.api, key.resource, labels, key.param, key.value, key.concurrency),
             ).fetchone()
             self._db.execute(
-                "INSERT INTO batch(profile_id, created_s, count, round_trips, note, samples) VALUES (?,?,?,?,?,?)",
-                (pid, time.time(), int(values.size), round_trips, note, values.tobytes()),
+                "INSERT INTO batch(profile_id, created_s, count, round_trips, note, samples, cpu_ms) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (pid, time.time(), int(values.size), round_trips, note, values.tobytes(), cpu_ms),
             )
 
     def _transaction(self) -> _Transaction:
@@ -336,6 +352,14 @@ class ProfileStore:
             return None
         total = sum(int(n) for n, _ in rows)  # type: ignore[call-overload]
         return sum(int(n) * float(rt) for n, rt in rows) / total  # type: ignore[call-overload,arg-type]
+
+    def cpu_ms(self, key: ProfileKey) -> float | None:
+        """The caller's mean CPU per call recorded with ``key``'s samples (None when no batch recorded it)."""
+        rows = [(n, c) for n, c in self._rows(key, "count, cpu_ms") if c is not None]
+        if not rows:
+            return None
+        total = sum(int(n) for n, _ in rows)  # type: ignore[call-overload]
+        return sum(int(n) * float(c) for n, c in rows) / total  # type: ignore[call-overload,arg-type]
 
     def count(self, key: ProfileKey) -> int:
         return sum(int(n) for (n,) in self._rows(key, "count"))  # type: ignore[call-overload]
@@ -391,7 +415,7 @@ class ProfileStore:
             )
         key = independent[0]
         why = "" if not param else f" (no {param} profile)" if value is not None else f" (no {param} value given)"
-        return Selection(self.samples(key), (key,), f"workload-independent{why}{suffix}")
+        return Selection(self.samples(key), (key,), f"workload-independent{why}{suffix}", self.cpu_ms(key))
 
     def _match_resource(self, keys: list[ProfileKey], resource: str) -> tuple[list[ProfileKey], str]:
         """The keys of the best-matching resource, and how it matched ('' when exactly)."""
@@ -423,18 +447,20 @@ class ProfileStore:
             note = f", measured with {c} caller{'s' if c != 1 else ''}{' only' if asked else ''}" \
                 if c != 1 or asked else ""
             sel = self._interpolate(at[c], value, suffix)
-            return Selection(sel.samples_ms, sel.keys, sel.how + note)
+            return replace(sel, how=sel.how + note)
         if concurrency <= levels[0] or concurrency >= levels[-1] or concurrency in at:
             c = min(levels, key=lambda level: abs(level - concurrency))
             how = "measured" if c == concurrency else f"clamped to {c}: measured {levels[0]}..{levels[-1]}"
             sel = self._interpolate(at[c], value, suffix)
-            return Selection(sel.samples_ms, sel.keys, f"{sel.how}, at concurrency {concurrency:g} ({how})")
+            return replace(sel, how=f"{sel.how}, at concurrency {concurrency:g} ({how})")
         i = int(np.searchsorted(levels, concurrency))
         lo, hi = levels[i - 1], levels[i]
         a, b = self._interpolate(at[lo], value, ""), self._interpolate(at[hi], value, "")
-        samples = interpolate_quantiles(a.samples_ms, b.samples_ms, (concurrency - lo) / (hi - lo))
+        w = (concurrency - lo) / (hi - lo)
+        samples = interpolate_quantiles(a.samples_ms, b.samples_ms, w)
         return Selection(samples, a.keys + b.keys,
-                         f"{a.how}, at concurrency {concurrency:g} (interpolated {lo}..{hi}){suffix}")
+                         f"{a.how}, at concurrency {concurrency:g} (interpolated {lo}..{hi}){suffix}",
+                         _between(a.cpu_ms, b.cpu_ms, w))
 
     def _interpolate(self, measured: list[ProfileKey], value: float, suffix: str) -> Selection:
         param = measured[0].param
@@ -442,19 +468,21 @@ class ProfileStore:
         span = f"{values[0]:g}..{values[-1]:g}"
         for k in measured:
             if k.value == value:
-                return Selection(self.samples(k), (k,), f"parameterised {param}={value:g} (measured){suffix}")
+                return Selection(self.samples(k), (k,), f"parameterised {param}={value:g} (measured){suffix}",
+                                 self.cpu_ms(k))
         if value < values[0] or value > values[-1]:
             k = measured[0] if value < values[0] else measured[-1]
             return Selection(
                 self.samples(k), (k,),
-                f"parameterised {param}={value:g} (clamped to {k.value:g}: measured {span}){suffix}",
+                f"parameterised {param}={value:g} (clamped to {k.value:g}: measured {span}){suffix}", self.cpu_ms(k),
             )
         i = int(np.searchsorted(values, value))
         lo, hi = measured[i - 1], measured[i]
         weight = (value - lo.value) / (hi.value - lo.value)
         samples = interpolate_quantiles(self.samples(lo), self.samples(hi), weight)
         return Selection(
-            samples, (lo, hi), f"parameterised {param}={value:g} (interpolated {lo.value:g}..{hi.value:g}){suffix}"
+            samples, (lo, hi), f"parameterised {param}={value:g} (interpolated {lo.value:g}..{hi.value:g}){suffix}",
+            _between(self.cpu_ms(lo), self.cpu_ms(hi), weight),
         )
 
     def _inventory(self, api: str | None = None) -> str:
@@ -465,6 +493,11 @@ class ProfileStore:
         more = f" and {len(shown) - 10} more" if len(shown) > 10 else ""
         which = "the store has" if shown is keys or api is None else f"the store has for {api!r}"
         return f"{which}: " + "; ".join(k.describe() for k in shown[:10]) + more
+
+
+def _between(a: float | None, b: float | None, weight: float) -> float | None:
+    """Linear interpolation of two recorded values; None unless both were recorded."""
+    return None if a is None or b is None else (1.0 - weight) * a + weight * b
 
 
 class _Transaction:

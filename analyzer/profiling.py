@@ -77,6 +77,8 @@ class Measurement:
     stopped: str
     """Why measuring stopped: ``stable``, ``budget`` or ``max count``."""
     elapsed_s: float
+    cpu_ms: float | None = None
+    """The caller's CPU per call (ms): its thread's CPU time while measuring over the calls made."""
 
     @property
     def rse(self) -> float:
@@ -553,16 +555,23 @@ async def profile_target(
             for _ in range(concurrency):  # warm the pool: connections opened here are not timed
                 await target.call()
             began = time.monotonic()
+            # The caller's CPU per call: the client library's work on this thread (the event loop), which a
+            # bigger payload adds to the app's loop as well as to the call's latency (analyzer.predict, size).
+            # The timing loop's own bookkeeping is the same at every point and cancels in a difference.
+            cpu0 = time.thread_time_ns()
             samples, why = await measure(
                 target.call, rule, concurrency=concurrency, progress=progress(key) if progress else None,
                 pause_s=value / 1000.0 if param == "idle_ms" else 0.0,
             )
+            cpu_ms = (time.thread_time_ns() - cpu0) / 1e6 / samples.size
         finally:
             await target.close()
-        result = Measurement(key, samples, target.round_trips, why, time.monotonic() - began)
+        result = Measurement(key, samples, target.round_trips, why, time.monotonic() - began, cpu_ms)
         if store is not None:
-            store.add(key, samples, round_trips=target.round_trips, note=note or f"perfcast profile ({why})")
+            store.add(key, samples, round_trips=target.round_trips, cpu_ms=cpu_ms,
+                      note=note or f"perfcast profile ({why})")
             if also is not None:
-                store.add(also, samples, round_trips=target.round_trips, note=note or f"perfcast profile ({why})")
+                store.add(also, samples, round_trips=target.round_trips, cpu_ms=cpu_ms,
+                          note=note or f"perfcast profile ({why})")
         results.append(result)
     return results

@@ -15,12 +15,15 @@ first loop work after it is read off the profiles at an independent uniform quan
     extra(g, u) = Q_g(u) - Q_0(u)
 
 linear in ``g`` between measured gaps, the largest gap's extra above it, nothing for ``g <= 0``. The profile
-measured it on a whole request's work, so the extra is spread over the first ``span_ms`` of loop work after
-the gap, the loop work the profiled route's requests do as the graphs record it (:func:`with_route_work`; the
-profiled median latency when the graphs do not hold the route): a short step woken after a long wait runs
-slow, but does not pay a whole request's warm-up. The load simulation (:mod:`analyzer.loadsim`) knows the loop's idle
-gap before every piece of work; it charges each piece what its gap adds under the scenario minus what its gap
-in the same request added under the baseline, so what the recorded durations already hold is not counted
+measured it on a whole request's work, so the extra is spread over the first ``span_ms`` of loop work after the
+gap, the work it was measured on (the profiled requests' median back to back: for the loop's profile, their time
+without io calls): a short step woken after a long wait runs slow, but does not pay a whole request's warm-up.
+Spread over the route's recorded loop work instead (its steps' CPU and its io calls' CPU on the loop, 1.3 ms on
+the example's post page where the profile's 0.8 ms off its io calls held the extra), a step after a 10 ms wait
+was charged 20% more time where the spans showed 60-130%, and the post page came out 0.2-0.8 ms short under every
+location change (``docs/accuracy.md``, run 58). The load simulation (:mod:`analyzer.loadsim`) knows the loop's
+idle gap before every piece of work; it charges each piece what its gap adds under the scenario minus what its
+gap in the same request added under the baseline, so what the recorded durations already hold is not counted
 twice. Gaps a little work apart add up there: a gap before the last one's ``span_ms`` of work is done is priced
 with that gap's idle in the share of the work left.
 
@@ -44,13 +47,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from analyzer.graph import CausalGraph, loop_cpu_ms
 from analyzer.profiles import ProfileKey, resource_system
 from analyzer.spans import Request
 
@@ -63,7 +65,6 @@ __all__ = [
     "service_profile_for",
     "service_wake_profiles",
     "wake_profile",
-    "with_route_work",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -94,8 +95,8 @@ class WakeProfile:
     how: str
     """Which profiles, for ``--explain``."""
     span_ms: float = 1.0
-    """The loop work a gap's extra is spread over: the profiled requests' median latency back to back, until
-    :func:`with_route_work` sets the loop work their route's graphs record."""
+    """The loop work a gap's extra is spread over: the profiled requests' median latency back to back, the work
+    the extra was measured on."""
     resource: str = ""
     """What was timed: ``... GET /post/{id}`` for an endpoint of the app (its route last)."""
     _rows: list[list[float]] = field(init=False, repr=False, compare=False)
@@ -128,8 +129,7 @@ class WakeProfile:
 
 def add_wake_profile(store: Any, resource: str, latencies: Mapping[float, Sequence[float]], note: str = "") -> None:
     """Store a wake-up profile: ``latencies[g]``, the latencies (ms) of ``resource`` measured after idle gaps of
-    ``g`` ms, 0 (back to back) included. ``resource`` names what was measured; a route's requests match the graphs'
-    route it ends with (``"forum GET /post/{id}"``, :func:`with_route_work`).
+    ``g`` ms, 0 (back to back) included. ``resource`` names what was measured (``"forum GET /post/{id}"``).
 
     Raises ``ValueError`` when the gap 0 is missing or a gap has no latency.
     """
@@ -271,24 +271,9 @@ def _stored_levels(store: Any, api: str) -> dict[tuple[str, tuple[tuple[str, str
 def _stored(store: Any, api: str, resource: str, labels: tuple[tuple[str, str], ...], levels: Sequence[float],
             what: str) -> WakeProfile:
     """The profile of ``resource`` at ``levels`` (sorted): each level's quantiles less the first level's, spread
-    over the first level's median until :func:`with_route_work` says otherwise; ``what`` begins its ``how``."""
+    over the first level's median (the work they were measured on); ``what`` begins its ``how``."""
     grid = (np.arange(_GRID) + 0.5) / _GRID
     q = [np.quantile(store.select(api, resource, dict(labels), "idle_ms", v).samples_ms, grid) for v in levels]
     return WakeProfile(np.asarray(levels, dtype=np.float64), np.vstack([row - q[0] for row in q]),
                        f"{what}at idle {', '.join(f'{v:g}' for v in levels)} ms", max(float(q[0][_GRID // 2]), 1e-3),
                        resource)
-
-
-def with_route_work(profile: WakeProfile, graphs: Sequence[CausalGraph]) -> tuple[WakeProfile, str]:
-    """The profile spread over the loop work its requests do, when ``graphs`` hold their route: per request, the
-    compute nodes' CPU time (their duration when none was recorded) and the io calls' CPU on the loop, averaged
-    over the route's recorded requests. Also says where the span came from."""
-    name = profile.resource
-    routes = [g for g in graphs if g.route and (name == g.route or name.endswith(" " + g.route))]
-    total = loop_cpu_ms(routes)
-    count = float(sum(len(g.latency_ms) or g.count for g in routes))
-    if not routes or count <= 0 or total <= 0:
-        return profile, f"the first {profile.span_ms:.2g} ms of work (the profiled requests' median latency)"
-    work = total / count
-    return (replace(profile, span_ms=work),
-            f"the first {work:.2g} ms of loop work ({routes[0].route}'s work per request, as recorded)")

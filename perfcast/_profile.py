@@ -163,8 +163,9 @@ def profile(
         for done in tasks:
             bar.update(done, completed=rule.budget_s)
     table = Table(title=f"profiles stored in {store_path}", title_justify="left")
-    for col in ("api", "resource", "labels", "parameter", "n", "p50", "p90", "p99", "mean", "rse", "stopped"):
-        table.add_column(col, justify="right" if col in ("n", "p50", "p90", "p99", "mean", "rse") else "left")
+    numbers = ("n", "p50", "p90", "p99", "mean", "rse", "cpu/call")
+    for col in ("api", "resource", "labels", "parameter", *numbers, "stopped"):
+        table.add_column(col, justify="right" if col in numbers else "left")
     import numpy as np
 
     for r in results:
@@ -172,10 +173,11 @@ def profile(
         table.add_row(
             r.key.api, r.key.resource, r.key.label_text, r.key.param_text if r.key.param else "-",
             str(x.size), *(f"{v:.3f}" for v in np.percentile(x, [50, 90, 99])), f"{x.mean():.3f}",
-            f"{r.rse:.2%}", r.stopped,
+            f"{r.rse:.2%}", "-" if r.cpu_ms is None else f"{r.cpu_ms:.3f}", r.stopped,
         )
     console.print(table)
-    console.print("[dim]latencies in ms[/dim]")
+    console.print("[dim]latencies in ms; cpu/call: this client's CPU per call (ms), which a bigger payload adds to "
+                  "the app's event loop too[/dim]")
 
 
 def _profile_cpu(levels: list[float], work_ms: list[float], labels: tuple[str, ...], budget: str, rse: float,

@@ -370,6 +370,38 @@ class TestBackgroundDemand:
             background_demand([], [], 1.0)
 
 
+def test_a_bigger_answer_holds_the_loop_for_the_callers_extra_cpu(tmp_path: Path) -> None:
+    # two blob calls at once (the second started while the first was open), 1 ms each as recorded; at 1 MB the
+    # profiles say a lone call takes 3 ms and each of two callers' 4 ms, the caller's CPU 0.1 -> 2.1 ms a call.
+    # Of the pair's 4 ms, 1 ms was waiting for the other caller's extra 2 ms ((2 - 1) / 2 x 2): the simulated
+    # loop makes that wait itself. Each answer arrives 1 ms in and holds the loop 2 ms: the request ends at 5
+    # ms. The DAG's estimate, with no loop, keeps the profiled durations: max(3, 4).
+    from analyzer.profiles import ProfileKey, ProfileStore
+
+    blobs = "http://127.0.0.1:8101"
+    with ProfileStore(tmp_path / "p.db") as store:
+        for size, c, ms, cpu in ((4096, 1, 1.0, 0.1), (1e6, 1, 3.0, 2.1), (4096, 2, 1.0, 0.1), (1e6, 2, 4.0, 2.1)):
+            store.add(ProfileKey.make("http GET /blob/{id}", blobs, {}, "size_bytes", size, c), [ms] * 5, cpu_ms=cpu)
+
+        def call(node_id: str, level: int) -> Node:
+            return Node(node_id, NodeKind.IO, (1.0,) * 20, api="http GET /blob/{id}", resource=blobs, system="http",
+                        round_trips=(1,) * 20, response_bytes=(4096,) * 20, extra={"inflight": [level] * 20})
+
+        nodes = [Node("start", NodeKind.START, (0.0,) * 20), call("a", 1), call("b", 2),
+                 Node("end", NodeKind.END, (0.0,) * 20)]
+        g = CausalGraph("GET /", nodes, [("start", "a"), ("start", "b"), ("a", "end"), ("b", "end")],
+                        latency_ms=[1.0] * 20)
+        spec = "size:127.0.0.1:8101[GET /blob/{id}]=1MB"
+        (dag,) = predict([g], spec, store, samples=200, rng=rng())
+        assert dag.predicted.mean == pytest.approx(4.0)
+        (sim,) = predict([g], f"load:1; {spec}", store, samples=200, rng=rng())
+        assert sim.predicted.mean == pytest.approx(5.0)
+        assert any("hold the loop for the caller's CPU the scenario adds" in n for n in sim.notes)
+        how = {s.node: s.how for s in sim.sources[0][1]}
+        assert "the caller's CPU +2 ms a call on the loop after the wait, of which the profile's callers queued " \
+               "1 ms" in how["b"]
+
+
 def test_io_nodes_carry_their_loop_cpu(tmp_path: Path) -> None:
     # the call spans 0.4..2.1 ms; the task's steps inside it: 0.6 ms of step 0, 0.1 ms of step 1, CPU = wall / 2
     t = Trace("GET /cpu")

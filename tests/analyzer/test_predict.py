@@ -78,6 +78,21 @@ class TestBaselineAndLocation:
         assert sources["a"].source == "model" and "round trips" in sources["a"].how
         assert sources["b"].source == "baseline"
 
+    def test_how_soon_an_answer_can_come_is_the_resources_not_the_apis(self) -> None:
+        # b is only ever called beside other work: half its calls show no wait behind a task step yet took 3 ms
+        # (the loop was busy outside any step), half waited 2 ms. The resource answers a in 1 ms, so b's
+        # waiting half can have waited the whole 2 ms, which the +10 ms absorbs; floored at b's own 3 ms,
+        # none would be
+        qa = replace(io("a", [1.0] * 100, system="postgresql", api="postgresql SELECT"),
+                     extra={"queued_ms": [0.0] * 100})
+        qb = replace(io("b", [3.0] * 100, system="postgresql", api="postgresql SELECT users"),
+                     extra={"queued_ms": [0.0, 2.0] * 50})
+        g = graph("GET /", [qa, qb], [("start", "a"), ("a", "b"), ("b", "end")])
+        (p,) = predict([g], "location:postgresql=+10ms", samples=500, rng=rng())
+        assert values(p.predicted) == {11.0 + 11.0, 11.0 + 13.0}
+        how = {s.node: s.how for s in p.sources[0][1]}["b"]
+        assert "at most what it took beyond 1 ms, the fastest tenth of the calls to its resource" in how
+
     def test_an_answer_that_waited_for_the_loop_comes_later_without_that_wait(self) -> None:
         # b's recorded 3 ms include 2 ms waiting for the loop (queued_ms); a: 1 ms of the same resource, alone
         qa = replace(io("a", [1.0] * 100, system="postgresql", api="postgresql SELECT"),

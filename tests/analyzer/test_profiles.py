@@ -167,9 +167,46 @@ def test_format_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
         assert [(k.param, k.concurrency) for k in keys] == [("concurrency", 8), ("size_bytes", 1)]
         assert s.samples(keys[0]).tolist() == [4.0, 5.0] and s.samples(keys[1]).tolist() == [6.0]
         s.add(ProfileKey.make("redis GET", "redis://h:6379/0", {}, "size_bytes", 100.0, 8), [7.0])
-    with ProfileStore(path) as s:  # upgraded once: opens as format 2, the new profile beside the old
+    with ProfileStore(path) as s:  # upgraded once: opens as the current format, the new profile beside the old
         assert len(s.keys()) == 3
         assert s.select("redis GET", "redis://h:6379/0", {}, "size_bytes", 100.0, 8).samples_ms.tolist() == [7.0]
+
+
+def test_callers_cpu_is_kept_per_batch_and_interpolated_with_the_samples(store: ProfileStore) -> None:
+    api, res = "http GET /blob/{id}", "http://b:80"
+    for size, c, cpu in ((1e3, 1, 0.1), (1e6, 1, 0.5), (1e3, 4, 0.3), (1e6, 4, 0.9)):
+        store.add(ProfileKey.make(api, res, {}, "size_bytes", size, c), [1.0] * 3, cpu_ms=cpu)
+    key = ProfileKey.make(api, res, {}, "size_bytes", 1e6, 1)
+    store.add(key, [1.0], cpu_ms=1.3)  # a second batch: the mean per call over both
+    assert store.cpu_ms(key) == pytest.approx((3 * 0.5 + 1.3) / 4)
+    assert store.select(api, res, {}, "size_bytes", 1e3).cpu_ms == pytest.approx(0.1)
+    assert store.select(api, res, {}, "size_bytes", 1e3, 2.5).cpu_ms == pytest.approx(0.2)
+    assert store.select(api, res, {}, "size_bytes", 0.5e6 + 500, 4).cpu_ms == pytest.approx(0.6)
+    store.add(ProfileKey.make("redis GET", res, {}), [1.0])  # not recorded: None, also where it is interpolated
+    assert store.select("redis GET", res, {}).cpu_ms is None
+    store.add(ProfileKey.make(api, res, {}, "size_bytes", 1e7, 1), [2.0])
+    assert store.select(api, res, {}, "size_bytes", 5e6).cpu_ms is None
+    with pytest.raises(ProfileError, match="field 'cpu_ms'"):
+        store.add(key, [1.0], cpu_ms=-1.0)
+
+
+def test_format_2_store_gains_the_callers_cpu(tmp_path: Path) -> None:
+    path = tmp_path / "two.db"
+    with ProfileStore(path) as s:
+        s.add(ProfileKey.make("redis GET", REDIS, {}), [1.0, 2.0], round_trips=1.0)
+    db = sqlite3.connect(path)  # as format 2 left it: no cpu_ms column
+    db.executescript("""
+        CREATE TABLE batch2 AS SELECT id, profile_id, created_s, count, round_trips, note, samples FROM batch;
+        DROP TABLE batch; ALTER TABLE batch2 RENAME TO batch;
+        UPDATE meta SET value = 'perfcast-profiles/2' WHERE name = 'format';
+    """)
+    db.close()
+    with ProfileStore(path) as s:
+        (key,) = s.keys()
+        assert s.samples(key).tolist() == [1.0, 2.0] and s.cpu_ms(key) is None
+        s.add(key, [3.0], cpu_ms=0.25)
+        assert s.cpu_ms(key) == pytest.approx(0.25) and s.round_trips(key) == pytest.approx(1.0)
+    assert sqlite3.connect(path).execute("SELECT value FROM meta").fetchone() == ("perfcast-profiles/3",)
 
 
 def test_key_concurrency_checked() -> None:

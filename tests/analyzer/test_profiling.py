@@ -177,6 +177,9 @@ async def test_http_profiles(http_server: str, tmp_path: Path) -> None:
     assert [r.key.api for r in results] == ["http GET /blob/{id}"] * 2
     assert results[0].key.resource == http_server
     assert np.median(results[1].samples_ms) > np.median(results[0].samples_ms)
+    # the caller's CPU per call, kept with the samples: taking in 4 MB costs the client's loop more than 100 B
+    cpu = [store.cpu_ms(r.key) for r in results]
+    assert cpu == [r.cpu_ms for r in results] and 0 < cpu[0] < cpu[1]
     plain = await profile_target(HttpTarget(f"{http_server}/blob"), concurrencies=[4], rule=FAST)
     assert plain[0].key.api == "http GET /blob" and plain[0].key.value == 4.0
     with pytest.raises(ProfilingError, match="HTTP 404"):

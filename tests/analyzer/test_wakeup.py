@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -136,15 +135,19 @@ def test_idle_spells_a_little_work_apart_add_up(tmp_path: Path) -> None:
     np.testing.assert_allclose(p.predicted.samples_ms, 23.7 + (0.05 - 0.004) + (0.69 - 0.036), atol=1e-9)
 
 
-def test_the_extra_is_spread_over_the_work_the_profiled_route_records(tmp_path: Path) -> None:
-    from analyzer.wakeup import with_route_work
-
-    profile = WakeProfile(np.array([0.0, 10.0]), np.vstack([np.zeros(200), np.full(200, 0.6)]), "", 1.0,
-                          "http://app GET /")
-    spread, how = with_route_work(profile, [chain()])  # c 0.2 + d 1.5 ms of CPU per request
-    assert spread.span_ms == pytest.approx(1.7) and "GET /" in how
-    other, how = with_route_work(replace(profile, resource="http://app GET /other"), [chain()])
-    assert other.span_ms == 1.0 and "median latency" in how
+def test_the_extra_is_spread_over_the_work_it_was_measured_on(tmp_path: Path) -> None:
+    # The profile times this very route (its resource ends with "GET /"), whose recorded loop work is c's 0.2 ms:
+    # the extra is still spread over the 1 ms the profile measured it on, so c pays 0.2 of it, as for a profile
+    # of anything else (test_short_work_after_a_gap_pays_its_share_only); spread over the route's 0.2 ms, c
+    # would pay it all (0.6 - 0.06 beyond the recording)
+    g = graph("GET /", [io("a", [1.0] * 4), compute("c", [0.2] * 4, [0.2] * 4)],
+              [("start", "a"), ("a", "c"), ("c", "end")])
+    with ProfileStore(tmp_path / "p.db") as s:
+        for gap, extra in {0.0: 0.0, 10.0: 0.6}.items():
+            s.add(ProfileKey.make(WAKE_API, "http://app GET /", {}, "idle_ms", gap), np.full(50, 1.0 + extra))
+        (p,) = predict([g], "location:redis=+10ms", s, samples=200, rng=rng())
+    assert np.median(p.predicted.samples_ms) == pytest.approx(11.2 + 0.2 * 0.6 - 0.2 * 0.3, abs=1e-6)
+    assert any("the first 1 ms of loop work (the work the profile's extra was measured on" in n for n in p.notes)
 
 
 def _request(trace: str, start: float, end: float, calls: list[tuple[float, float, str]]) -> Request:

@@ -69,6 +69,9 @@ def test_profile_redis_into_store(redis_url: str, tmp_path: Path) -> None:
         (key,) = s.keys()
         assert key.api == "redis GET" and key.labels == (("tier", "local"),)
         assert s.samples(key).size >= 20
+        cpu = s.cpu_ms(key)
+        assert cpu is not None and cpu > 0  # the client's CPU per call, shown in the table's cpu/call column
+    assert "cpu/call" in out
 
 
 def test_profile_usage_errors(tmp_path: Path) -> None:
