@@ -712,8 +712,8 @@ def _uncontended(graphs: Sequence[CausalGraph], scenario: Scenario) -> dict[str,
     Per resource, not per api: an api only ever called beside others is never seen alone. The example's top-users
     query, always in a ``gather`` with ten blob fetches, took 3.5 ms at its fastest tenth with ``queued_ms`` 0 (the
     loop was taking in the blobs' answers, work outside any task step), and 10.8 ms under +10 ms of round trip:
-    its server answered in 0.8. Floored at the api's 3.5 ms, its recorded 4.7 ms kept 3.8 ms of waiting that
-    the delay absorbs, and the index page came out 1-2.5 ms long under the database's location change
+    its server answered in 0.8. Floored at the api's 3.5 ms, only 0.4 ms of its recorded 4.7 could absorb the
+    delay, where 3.8 did, and the index page came out 1-2.5 ms long under the database's location change
     (``docs/accuracy.md``, runs 57-58)."""
     if not any(isinstance(c, Location) for c in scenario.changes) and not scenario.needs_simulation:
         return {}
