@@ -428,6 +428,7 @@ def _base_matrix(graph: CausalGraph, plan: DagPlan) -> tuple[FloatArray, list[No
 
 
 def _size_shift(
+    graph: CausalGraph,
     node: Node,
     store: SupportsSelect,
     labels: Mapping[str, str],
@@ -489,7 +490,8 @@ def _size_shift(
         hows.append(q_new.how)
     drawn = np.maximum(recorded[idx] + shift, 0.0)
     # a smaller payload saves CPU, but never more than the call held; nor does the queueing go below nothing
-    cpu = np.maximum(cpu, -np.minimum(_array_or_zero(node, "cpu_ms")[idx], drawn))
+    held = _array(graph, node, "cpu_ms")[idx] if len(node.cpu_ms) == n else 0.0
+    cpu = np.maximum(cpu, -np.minimum(held, drawn))
     queued = np.clip(queued, 0.0, np.maximum(drawn - np.maximum(cpu, 0.0), 0.0))
     loop = (cpu, queued) if np.any(cpu != 0.0) else None
     where = (f"({hows[0]})" if len(hows) == 1 else "at the concurrency each call met when recorded, "
@@ -499,13 +501,6 @@ def _size_shift(
     return drawn, (f"baseline + profile {node.api} at {size_bytes:g} B {where} - at today's payload "
                    f"{today:g} B, at the call's rank among its recorded durations (median shift "
                    f"{float(np.median(shift)):+.3g} ms){held}"), loop
-
-
-def _array_or_zero(node: Node, name: str) -> FloatArray:
-    """A per-request field of an io node's recorded calls, zeros when it was not recorded."""
-    values = getattr(node, name)
-    n = len(node.samples_ms)
-    return np.asarray(values, dtype=np.float64) if len(values) == n else np.zeros(n)
 
 
 def _measured_levels(store: SupportsSelect, api: str) -> bool:
@@ -814,7 +809,7 @@ def _io_node(
         if (sel is not None and size is not None and not tiers and sel.keys[0].param == "size_bytes"
                 and payload is not None):
             # today's calls, shifted by what the profile says the new size adds to a call of today's payload
-            shifted = _size_shift(node, s, labels, size.size_bytes, payload, sel, per_request[j], idx)
+            shifted = _size_shift(graph, node, s, labels, size.size_bytes, payload, sel, per_request[j], idx)
             if shifted is not None:
                 drawn = shifted[0]
                 notes.append(f"{why}{shifted[1]}")

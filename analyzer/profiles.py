@@ -347,19 +347,19 @@ class ProfileStore:
 
     def round_trips(self, key: ProfileKey) -> float | None:
         """Mean network round trips per call recorded with ``key``'s samples (None when never recorded)."""
-        rows = [(n, rt) for n, rt in self._rows(key, "count, round_trips") if rt is not None]
-        if not rows:
-            return None
-        total = sum(int(n) for n, _ in rows)  # type: ignore[call-overload]
-        return sum(int(n) * float(rt) for n, rt in rows) / total  # type: ignore[call-overload,arg-type]
+        return self._per_call(key, "round_trips")
 
     def cpu_ms(self, key: ProfileKey) -> float | None:
         """The caller's mean CPU per call recorded with ``key``'s samples (None when no batch recorded it)."""
-        rows = [(n, c) for n, c in self._rows(key, "count, cpu_ms") if c is not None]
+        return self._per_call(key, "cpu_ms")
+
+    def _per_call(self, key: ProfileKey, column: str) -> float | None:
+        """A per-batch mean of ``column`` weighted by the batches' sample counts, over the batches that have it."""
+        rows = [(n, v) for n, v in self._rows(key, f"count, {column}") if v is not None]
         if not rows:
             return None
         total = sum(int(n) for n, _ in rows)  # type: ignore[call-overload]
-        return sum(int(n) * float(c) for n, c in rows) / total  # type: ignore[call-overload,arg-type]
+        return sum(int(n) * float(v) for n, v in rows) / total  # type: ignore[call-overload,arg-type]
 
     def count(self, key: ProfileKey) -> int:
         return sum(int(n) for (n,) in self._rows(key, "count"))  # type: ignore[call-overload]
