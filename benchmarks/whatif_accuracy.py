@@ -352,17 +352,13 @@ def _predict_by_round(spec: str, bases: list[GroundTruth], lights: list[GroundTr
             for ps in by_route.values() if len(ps) == len(bases)]
 
 
-def _compute_per_request(graphs: list[Any]) -> float:
-    """Mean over the baseline's requests of the summed durations of their compute nodes (ms)."""
-    from analyzer.graph import NodeKind
-
-    total = count = 0.0
-    for g in graphs:
-        rows = [np.asarray(n.samples_ms) for n in g.nodes if n.kind is NodeKind.COMPUTE and n.samples_ms]
-        if rows:
-            total += float(np.sum(rows))
-        count += g.count
-    return total / max(count, 1.0)
+def _loop_per_request(runs: list[GroundTruth]) -> tuple[float, float]:
+    """(the app loop's demand per request, its CPU and the time it was preempted as ``pooled_light`` pools them,
+    and its sleeps per request) over ``runs``, weighted by their requests; 0 sleeps where a recording did not
+    count them."""
+    loop_ms, preempted_ms, latencies = pooled_light(runs)
+    sleeps = sum(getattr(t, "loop_wakeups", 0.0) * sum(len(v) for v in t.client_ms.values()) for t in runs)
+    return loop_ms + preempted_ms, sleeps / max(sum(len(v) for v in latencies.values()), 1)
 
 
 def _write(out: Path, config: str, ns: argparse.Namespace, rows: list[dict[str, Any]], elapsed: float) -> None:
@@ -576,12 +572,16 @@ def main(argv: list[str] | None = None) -> int:
                     rows[-1]["throughput_rps"] = throughput
         _write(ns.out, config, ns, rows, time.monotonic() - began)
         if case.users > 1 and rows:
-            # At saturation the loop is busy all the time: 1 / throughput is its time per request, to compare
-            # with the compute the graphs recorded per request (the rest is loop work outside any request).
-            loop_ms, compute_ms = 1000 / throughput, _compute_per_request(graphs)
-            rows[-1]["loop_ms_per_request"], rows[-1]["compute_ms_per_request"] = loop_ms, compute_ms
-            status(f"throughput {throughput:.1f} req/s = {loop_ms:.2f} ms of loop per request at saturation; "
-                   f"compute recorded per request at 1 user: {compute_ms:.2f} ms")
+            # At saturation the loop is busy all the time: 1 / throughput is its time per request. The loop's
+            # demand per request (CPU + preempted) and its sleeps in epoll_wait per request, light against loaded:
+            # a loop that no longer idles needs less per request (the prediction takes the light runs' demand)
+            loop_ms = 1000 / throughput
+            (light_ms, light_sleeps), (loaded_ms, loaded_sleeps) = _loop_per_request(lights), _loop_per_request(truths)
+            rows[-1].update(loop_ms_per_request=loop_ms, light_demand_ms=light_ms, light_wakeups=light_sleeps,
+                            loaded_demand_ms=loaded_ms, loaded_wakeups=loaded_sleeps)
+            status(f"throughput {throughput:.1f} req/s = {loop_ms:.2f} ms of loop per request at saturation; the "
+                   f"loop's demand per request {light_ms:.2f} ms at one user ({light_sleeps:.1f} wake-ups), "
+                   f"{loaded_ms:.2f} ms at {case.users} users ({loaded_sleeps:.1f} wake-ups)")
     store.close()
 
     table = Table(title=f"What-if accuracy, forum app ({'Redis + PostgreSQL' if use_real else 'embedded'}), "

@@ -183,6 +183,10 @@ class GroundTruth:
     slices_ns: tuple[tuple[int, int], ...] = ()
     """When the requests of two sides were interleaved (:func:`measure_paired`): the slices of the window, one
     per request of this side, that its requests started in. Empty: the whole window is this side's."""
+    loop_wakeups: float = 0.0
+    """Times the serving replicas' event loops went to sleep (in ``epoll_wait``: their voluntary context
+    switches) in the measured window, per measured request: how often the loop idled and had to wake up. The
+    last field, so that recordings pickled before it (``benchmarks/whatif_accuracy.py``) still load."""
 
     def latencies(self, route: str) -> tuple[float, ...]:
         """Server-side latencies of ``route`` when recorded, else client-side."""
@@ -200,7 +204,7 @@ class GroundTruth:
             "errors": self.errors, "error_examples": list(self.error_examples), "elapsed_s": self.elapsed_s,
             "spans": list(self.spans), "window_ns": list(self.window_ns), "app_cpu_ms": list(self.app_cpu_ms),
             "loop_cpu_ms": self.loop_cpu_ms, "loop_preempted_ms": self.loop_preempted_ms,
-            "slices_ns": [list(s) for s in self.slices_ns],
+            "loop_wakeups": self.loop_wakeups, "slices_ns": [list(s) for s in self.slices_ns],
         }
 
 
@@ -901,7 +905,7 @@ def _blob_bytes(admin_url: str, size: int | None) -> None:
 
 
 def _truth(d: Deployment, users: int, result: Any, window: tuple[int, int],
-           cpu: tuple[float, float, float, float],
+           cpu: tuple[float, float, float, float, int],
            applied_delays: Mapping[Resource, float], recorded: Sequence[Any]) -> GroundTruth:
     """A load's result as a :class:`GroundTruth`, its server-side latencies from the ``recorded`` requests."""
     client: dict[str, list[float]] = {}
@@ -918,7 +922,7 @@ def _truth(d: Deployment, users: int, result: Any, window: tuple[int, int],
         resources=d.resources, users=users, throughput_rps=result.throughput_rps, errors=result.errors,
         elapsed_s=result.elapsed_s, spans=d.spans, window_ns=window, error_examples=result.error_examples,
         applied_delay_ms=dict(applied_delays), app_cpu_ms=(1e3 * cpu[0] / n, 1e3 * cpu[1] / n),
-        loop_cpu_ms=1e3 * cpu[2] / n, loop_preempted_ms=1e3 * cpu[3] / n,
+        loop_cpu_ms=1e3 * cpu[2] / n, loop_preempted_ms=1e3 * cpu[3] / n, loop_wakeups=cpu[4] / n,
     )
 
 
@@ -1004,9 +1008,10 @@ def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[st
 
 def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: int, paths: Sequence[str],
           seed: int | None, pids: Sequence[int] = (), think_ms: float = 0.0,
-          control: str | None = None) -> tuple[Any, tuple[int, int], tuple[float, float, float, float]]:
-    """(the load's result, its wall-clock window, the (user, system, loop) CPU seconds ``pids`` spent in it and
-    the seconds their loops were preempted, :func:`preempted_s`); ``control``: the load client's controller."""
+          control: str | None = None) -> tuple[Any, tuple[int, int], tuple[float, float, float, float, int]]:
+    """(the load's result, its wall-clock window, the (user, system, loop) CPU seconds ``pids`` spent in it, the
+    seconds their loops were preempted (:func:`preempted_s`) and the times they went to sleep (their voluntary
+    switches, :func:`loop_switches`)); ``control``: the load client's controller."""
     from examples.forum.load import run_load_subprocess
 
     try:
@@ -1023,7 +1028,8 @@ def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: in
         raise GroundTruthError(str(exc)) from None
     if not result.latencies_ms:
         raise GroundTruthError(f"no request succeeded: {'; '.join(result.error_examples) or 'no answer'}")
-    return result, (begin, end), (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], cpu1[2] - cpu0[2], preempted_s(pre0, pre1))
+    return result, (begin, end), (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], cpu1[2] - cpu0[2], preempted_s(pre0, pre1),
+                                  pre1[1] - pre0[1])
 
 
 def cpu_s(pids: Sequence[int]) -> tuple[float, float, float]:

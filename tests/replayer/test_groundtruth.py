@@ -163,6 +163,8 @@ def test_location_is_applied_and_every_round_trip_pays_it() -> None:
     # fall between the reads of the process and of its thread, see cpu_s)
     tick_ms = 1e3 / os.sysconf("SC_CLK_TCK") / len(post)
     assert user_ms - 1e-6 <= truth.loop_cpu_ms <= user_ms + system_ms + tick_ms + 1e-6
+    # one user, a 30 ms wait in every request: the loop sleeps in epoll_wait at least once per request
+    assert truth.loop_wakeups >= 1.0 and truth.to_json()["loop_wakeups"] == truth.loop_wakeups
 
 
 def test_collected_run_gives_server_latencies_inside_the_window(tmp_path: Path) -> None:
