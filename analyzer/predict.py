@@ -496,11 +496,11 @@ def _size_shift(
     loop = (cpu, queued) if np.any(cpu != 0.0) else None
     where = (f"({hows[0]})" if len(hows) == 1 else "at the concurrency each call met when recorded, "
              f"{int(levels.min())}..{int(levels.max())} ({hows[-1]})")
-    held = (f"; the caller's CPU {float(np.mean(cpu)):+.3g} ms a call on the loop after the wait, of which the "
-            f"profile's callers queued {float(np.mean(queued)):.3g} ms for each other" if loop is not None else "")
+    cpu_note = (f"; the caller's CPU {float(np.mean(cpu)):+.3g} ms a call on the loop after the wait, of which the "
+                f"profile's callers queued {float(np.mean(queued)):.3g} ms for each other" if loop is not None else "")
     return drawn, (f"baseline + profile {node.api} at {size_bytes:g} B {where} - at today's payload "
                    f"{today:g} B, at the call's rank among its recorded durations (median shift "
-                   f"{float(np.median(shift)):+.3g} ms){held}"), loop
+                   f"{float(np.median(shift)):+.3g} ms){cpu_note}"), loop
 
 
 def _measured_levels(store: SupportsSelect, api: str) -> bool:
