@@ -31,6 +31,7 @@ graph with them (:func:`analyzer.selfcheck.self_check`) tests the edges.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,6 +99,8 @@ class _Obs:
     queued_ns: int = 0
     """io nodes: the end of the call's wait during which the loop ran other tasks' steps (:meth:`_queued`);
     sync nodes: the part of the wake-up during which it did (:meth:`_sync`)."""
+    answered_ns: int = 0
+    """io nodes: the part of ``queued_ns`` after the answer was read, known rather than bounded (:meth:`_queued`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +232,7 @@ def _merge(route: str, variant: int, members: Sequence[RequestGraph]) -> CausalG
     for node_id, proto in first.nodes.items():
         samples = [rg.nodes[node_id] for rg in members]
         extra = dict(proto.extra)
-        for key in ("ready_ms", "wait_ms", "cpu_before_ms", "queued_ms"):
+        for key in ("ready_ms", "wait_ms", "cpu_before_ms", "queued_ms", "answered_ms"):
             if key in extra:
                 extra[key] = [round(float(s.extra[key][0]), 6) for s in samples]
         if "inflight" in extra:
@@ -463,9 +466,10 @@ class _Builder:
                 io = payload
                 close_compute(io.start_ns)
                 before, after = self._io_cpu(task, io)
+                queued, answered = self._queued(task, io)
                 add(_Obs(new_id("io"), NodeKind.IO, max(io.start_ns, lo), min(io.end_ns, hi),
                          min(io.end_ns, hi) - max(io.start_ns, lo), path, io.operation, io=io,
-                         cpu_ns=before + after, cpu_before_ns=before, queued_ns=self._queued(task, io)))
+                         cpu_ns=before + after, cpu_before_ns=before, queued_ns=queued, answered_ns=answered))
                 continue
             sync = payload
             close_compute(t)
@@ -498,26 +502,50 @@ class _Builder:
                     after += cpu
         return before, after
 
-    def _queued(self, task: TaskLife, io: IoCall) -> int:
-        """How long the end of an I/O call waited for the event loop, in ns: the other tasks' steps that ran back
-        to back (gaps under ``_BACK_TO_BACK_NS``) right before the call returned, inside the call
-        (:meth:`_busy_before`).
+    def _queued(self, task: TaskLife, io: IoCall) -> tuple[int, int]:
+        """How long the end of an I/O call waited for the event loop, in ns: ``(bound, known)``.
 
-        The answer may have arrived before them: the loop was busy, so the calling task resumed only after
-        them. When the answer comes later (a scenario's longer round trip) the loop has usually finished that
-        work; the load simulation queues the call's resumption behind whatever is running then, so it takes
-        this part out of the recorded duration as it takes ``ready_ms`` out of a compute node's. The
-        calling task's own steps (the client library parsing the answer) keep the run going but are the
-        call's CPU, not queueing. An upper bound: an answer that arrived in the middle of the run waited only
-        for its second half.
+        The answer may have come while the loop was busy with other tasks' work; the calling task resumed only
+        after it. When the answer comes later (a scenario's longer round trip) the loop has usually finished
+        that work; the load simulation queues the call's resumption behind whatever is running then, so it
+        takes this part out of the recorded duration as it takes ``ready_ms`` out of a compute node's.
+
+        - ``known``: from the end of the answer's read callback (``IoCall.answer_ns``) to the call's return,
+          the loop's time on anything but the calling task's steps: the answer was in, the task was waiting
+          for its turn. 0 when the collector did not time the read.
+        - ``bound``: ``known`` plus the loop's busy spell before that read (:meth:`_busy_before`), less the
+          call's own read callbacks (``IoCall.read_ns``): the answer came somewhere in that spell, since a
+          sleeping loop wakes at once for it. An upper bound.
+
+        The calling task's own steps (the client library parsing the answer) are the call's CPU, not queueing.
         """
         own = {task.task_id} | {t.task_id for t in self.req.tasks.values()
                                 if t.parent_id == task.task_id and io.start_ns < t.created_ns < io.end_ns}
-        return self._busy_before(io.start_ns, io.end_ns, own)
+        answered = io.answer_ns if io.start_ns < io.answer_ns <= io.end_ns else io.end_ns
+        known = max(0, io.end_ns - answered - self._own_time(answered, io.end_ns, own))
+        before = self._busy_before(io.start_ns, answered, own)
+        if self.req.loop_idle is not None:
+            before = max(0, before - io.read_ns)  # the call's own read callbacks, outside any step
+        return known + before, known
+
+    def _own_time(self, start_ns: int, end_ns: int, own: set[int]) -> int:
+        """Time the steps of the tasks in ``own`` ran within ``[start_ns, end_ns]`` (ns)."""
+        return sum(max(0, min(st.end_ns, end_ns) - max(st.start_ns, start_ns))
+                   for tid in own if (t := self.req.tasks.get(tid)) is not None for st in t.steps
+                   if st.end_ns > start_ns and st.start_ns < end_ns)
 
     def _busy_before(self, start_ns: int, end_ns: int, own: set[int]) -> int:
-        """The steps of tasks not in ``own`` that ran back to back right before ``end_ns``, within
-        ``[start_ns, end_ns]`` (ns): what kept a task that could have resumed from resuming."""
+        """How long the loop was busy with anything but the steps of the tasks in ``own`` right before
+        ``end_ns``, within ``[start_ns, end_ns]`` (ns): what kept a task that could have resumed from resuming.
+
+        With the loop's sleeps recorded (``Request.loop_idle``), the busy spell since the last sleep, less
+        ``own``'s steps: callbacks outside any step count. Without them, the other tasks' steps that ran back to
+        back (gaps under ``_BACK_TO_BACK_NS``), which misses the callbacks between steps."""
+        idle = self.req.loop_idle
+        if idle is not None:
+            i = bisect.bisect_right(idle, (end_ns, end_ns)) - 1
+            spell = max(start_ns, min(idle[i][1], end_ns)) if i >= 0 else start_ns
+            return max(0, end_ns - spell - self._own_time(spell, end_ns, own))
         pieces = sorted(((max(st.start_ns, start_ns), min(st.end_ns, end_ns), t.task_id in own)
                          for t in self.req.tasks.values() for st in t.steps
                          if st.end_ns > start_ns and st.start_ns < end_ns),
@@ -778,6 +806,7 @@ def _to_node(obs: _Obs) -> Node:
         extra["cpu_before_ms"] = [obs.cpu_before_ns / 1e6]
         extra["inflight"] = [max(obs.inflight, 1)]
         extra["queued_ms"] = [obs.queued_ns / 1e6]
+        extra["answered_ms"] = [obs.answered_ns / 1e6]
     if obs.kind is NodeKind.SYNC and obs.sync is not None:
         extra["queued_ms"] = [obs.queued_ns / 1e6]
     return Node(

@@ -44,10 +44,11 @@ FORMAT = "perfcast-graphs/1"
 """The ``format`` tag of a graphs file."""
 
 
-PER_REQUEST_EXTRAS: tuple[str, ...] = ("ready_ms", "wait_ms", "queued_ms", "cpu_before_ms", "inflight")
+PER_REQUEST_EXTRAS: tuple[str, ...] = ("ready_ms", "wait_ms", "queued_ms", "answered_ms", "cpu_before_ms",
+                                       "inflight")
 """Extra node fields the builder writes with one value per request, aligned with ``samples_ms``: a compute
 node's wait for the loop before its task first ran and the waits folded into it, an io call's wait behind its
-request's other work at its end, the part of its CPU before the wait, and the calls of its request in flight
+request's other work at its end (a bound) and the part of it known to follow the answer's arrival, the part of its CPU before the wait, and the calls of its request in flight
 to its resource."""
 
 

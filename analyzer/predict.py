@@ -718,16 +718,23 @@ def _uncontended(graphs: Sequence[CausalGraph], scenario: Scenario) -> dict[str,
             queued = node.extra.get("queued_ms")  # one per request when present (CausalGraph.validate)
             if node.kind is not NodeKind.IO or queued is None:
                 continue
-            by.setdefault(node.resource, []).extend(d for d, q in zip(node.samples_ms, queued, strict=True) if q <= 0.0)
+            by.setdefault(node.resource, []).extend(
+                d for d, q in zip(node.samples_ms, queued, strict=True) if q <= _UNCONTENDED_MS)
     return {k: float(np.quantile(v, 0.1)) for k, v in by.items() if v}
 
 
 ANSWER_WAIT_SHARE = 0.5
-"""The part of an io call's recorded wait for the loop (:func:`_answer_waited`, an upper bound) the load
-simulation takes out of the call, since its loop queues the answer again. The answer came at some point of the
-run of other tasks' steps the bound spans: half of it, expected for an answer arriving uniformly in it. On the
-example's index page with nothing changed, the one-user simulation came out 0.45 ms above the recording
-keeping all of it, 0.59 below taking all of it out and 0.12 below at half (``docs/accuracy.md``)."""
+"""The part of the uncertain span of an io call's recorded wait for the loop (:func:`_answer_waited`: its bound
+less its known part) the load simulation takes out of the call, since its loop queues the answer again. The
+answer came at some point of the busy spell the bound spans: half of it, expected for an answer arriving
+uniformly in it. On the example's index page with nothing changed, the one-user simulation came out 0.45 ms
+above the recording keeping all of it, 0.59 below taking all of it out and 0.12 below at half
+(``docs/accuracy.md``, with bounds from task steps alone)."""
+
+_UNCONTENDED_MS = 0.1
+"""A call counts as uncontended (:func:`_uncontended`) when its answer waited no more than this for the loop:
+with the loop's sleeps recorded the bound holds the loop's own turn between the answer's read callback and the
+task's step (tens of us), never exactly zero."""
 
 
 def _typical_of(node: Node, typical: Mapping[str, float]) -> float | None:
@@ -735,38 +742,44 @@ def _typical_of(node: Node, typical: Mapping[str, float]) -> float | None:
 
 
 def _answer_waited(graph: CausalGraph, node: Node, durations: FloatArray,
-                   typical: Mapping[str, float]) -> FloatArray:
-    """How long each recorded call's answer waited for the event loop, per recorded request (ms).
+                   typical: Mapping[str, float]) -> tuple[FloatArray, FloatArray]:
+    """How long each recorded call's answer waited for the event loop, per recorded request (ms): an upper
+    bound, and the part of it known for certain.
 
-    ``queued_ms`` (:meth:`analyzer.build._Builder._queued`: the other tasks' steps that ran back to back before
-    the call returned) bounds it from above, since the answer may have come in the middle of them; the answer
-    cannot have come sooner than a call to the same resource takes when nothing else runs (the fastest tenth
-    of those calls, :func:`_uncontended`), so what the call took beyond that bounds it too. The call's own CPU
-    (the client library's) stays. Zero without either (graphs from an older collector, no such calls).
+    ``queued_ms`` (:meth:`analyzer.build._Builder._queued`: the loop's busy spell before the call returned,
+    less the call's own work) bounds it from above, since the answer may have come in the middle of the
+    spell; the answer cannot have come sooner than a call to the same resource takes when nothing else runs
+    (the fastest tenth of those calls, :func:`_uncontended`), so what the call took beyond that bounds it too.
+    ``answered_ms``, the wait after the answer's read callback, is known (within the bound). The call's own
+    CPU (the client library's) stays. Zero without either (graphs from an older collector, no such calls).
     """
     queued = node.extra.get("queued_ms")  # one per recorded request when present (CausalGraph.validate)
     base = _typical_of(node, typical)
     if base is None or queued is None:
-        return np.zeros_like(durations)
+        return np.zeros_like(durations), np.zeros_like(durations)
     cpu = np.minimum(_array(graph, node, "cpu_ms"), durations) if len(node.cpu_ms) == durations.size else 0.0
     room = np.minimum(durations - base, durations - cpu)
-    return np.clip(np.minimum(np.asarray(queued, dtype=np.float64), room), 0.0, None)
+    bound = np.clip(np.minimum(np.asarray(queued, dtype=np.float64), room), 0.0, None)
+    answered = node.extra.get("answered_ms")
+    known = (np.minimum(np.asarray(answered, dtype=np.float64), bound) if answered is not None
+             else np.zeros_like(bound))
+    return bound, np.maximum(known, 0.0)
 
 
-def _absorbed(added: FloatArray, waited: FloatArray, share: float) -> FloatArray:
+def _absorbed(added: FloatArray, waited: FloatArray, taken: FloatArray) -> FloatArray:
     """What a call's added delay adds to its duration, given the bound ``waited`` on how long its answer waited
-    for the event loop as recorded, of which the share ``share`` was taken out of the duration already.
+    for the event loop as recorded, of which ``taken`` was taken out of the duration already.
 
     The answer arrives ``added`` later. While the rest of the recorded wait lasts, the loop was busy anyway, so a
-    delay up to it changes nothing; beyond it, every millisecond counts: ``max(added - (1 - share) waited, 0)``.
+    delay up to it changes nothing; beyond it, every millisecond counts: ``max(added - (waited - taken), 0)``.
     With nothing added the duration is the recording's; with a long delay the whole recorded wait is gone. A
     negative change (a nearer resource) is added as it is: its answer comes sooner, and the simulated loop
     decides whether it waits.
 
-    >>> _absorbed(np.array([0.0, 1.0, 20.0, -1.0]), np.array([2.0, 2.0, 2.0, 2.0]), 0.5).tolist()
+    >>> _absorbed(np.array([0.0, 1.0, 20.0, -1.0]), np.array([2.0, 2.0, 2.0, 2.0]), np.ones(4)).tolist()
     [0.0, 0.0, 19.0, -1.0]
     """
-    rest = (1.0 - share) * waited
+    rest = waited - taken
     return np.asarray(np.where(added >= 0.0, np.maximum(added - rest, 0.0), added), dtype=np.float64)
 
 
@@ -848,18 +861,24 @@ def _io_node(
     # out the expected part of the wait (ANSWER_WAIT_SHARE), from every call alike so that the simulation with no
     # change gives back the recording; graphs calibrated to a light run, whose wait scale absorbs it, keep it.
     simulated = scenario.needs_simulation and WAIT_SCALE_KEY not in graph.meta
-    share = ANSWER_WAIT_SHARE if simulated else 0.0
-    waited = (_answer_waited(graph, node, per_request[j], typical)
-              if (locations or simulated) and j not in per_sample else None)
+    waited = taken = None
+    if (locations or simulated) and j not in per_sample:
+        waited, known = _answer_waited(graph, node, per_request[j], typical)
+        taken = known + ANSWER_WAIT_SHARE * (waited - known) if simulated else np.zeros_like(waited)
     if simulated:
-        bound = waited if waited is not None else _answer_waited(graph, node, per_request[j], typical)[idx]
-        if bound.any():
+        if waited is not None and taken is not None:
+            out = taken
+        else:
+            bound, known = _answer_waited(graph, node, per_request[j], typical)
+            out = (known + ANSWER_WAIT_SHARE * (bound - known))[idx]
+        if out.any():
             if j in per_sample:
-                per_sample[j] = np.maximum(per_sample[j] - share * bound, 0.0)
+                per_sample[j] = np.maximum(per_sample[j] - out, 0.0)
             else:
-                per_request[j] = per_request[j] - share * bound
-            notes.append(f"without half its recorded wait for the loop (queued_ms), which the simulated loop "
-                         f"queues again: {share * bound.mean():.3g} ms on average")
+                per_request[j] = per_request[j] - out
+            notes.append(f"without the expected part of its recorded wait for the loop (answered_ms, and half of "
+                         f"the rest of queued_ms), which the simulated loop queues again: {out.mean():.3g} ms on "
+                         "average")
     if not locations:
         return notes
     for loc in locations:
@@ -899,10 +918,11 @@ def _io_node(
         per_sample_added = True
         notes.append(f"{_spec(loc)}: + rtt [location={loc.label}] x round trips ({sel.how}"
                      f"{f'; minus baseline rtt median {offset:.3g} ms' if offset else ''})")
-    if waited is not None and waited.any():
+    if waited is not None and taken is not None and waited.any():
         # the answer comes later; what it waited for the loop as recorded (less the part taken out above) absorbs
         # the delay first, since the loop was busy until then anyway; a long delay leaves none of it
-        added = _absorbed(added, waited[idx] if per_sample_added else waited, share)
+        added = (_absorbed(added, waited[idx], taken[idx]) if per_sample_added
+                 else _absorbed(added, waited, taken))
         notes.append(f"its recorded wait for the loop (queued_ms; {waited.mean():.3g} ms on average, at most what it "
                      f"took beyond {_typical_of(node, typical) or 0.0:.3g} ms, the fastest tenth of the calls to its "
                      "resource while nothing else ran) absorbs the added delay first")

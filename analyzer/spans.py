@@ -170,6 +170,11 @@ class IoCall:
     name: str = ""
     span_id: str = ""
     line: int = 0
+    answer_ns: int = 0
+    """When the loop had taken in the call's last answer (its last read callback's end, Unix ns); 0 when not
+    recorded."""
+    read_ns: int = 0
+    """Time the loop spent in the read callbacks of the call's socket, ns."""
 
     @property
     def api(self) -> str:
@@ -194,6 +199,9 @@ class Request:
     """I/O calls made by those tasks, by start time."""
     line: int = 0
     """Line of the request span in the spans file."""
+    loop_idle: tuple[tuple[int, int], ...] | None = None
+    """When the event loop slept during the request, ``(start_ns, end_ns)`` in time order; None when not
+    recorded (``perfcast.loop.idle_ns``)."""
 
     @property
     def latency_ms(self) -> float:
@@ -694,7 +702,21 @@ def _io(span: Span) -> IoCall:
         name=span.name,
         span_id=span.span_id,
         line=span.line,
+        answer_ns=_get(span, A.IO_ANSWER_NS, int, 0),
+        read_ns=_get(span, A.IO_READ_NS, int, 0),
     )
+
+
+def _loop_idle(span: Span) -> tuple[tuple[int, int], ...] | None:
+    flat = _get(span, A.LOOP_IDLE_NS, int, None, array=True)
+    if flat is None:
+        return None
+    if len(flat) % 2:
+        raise _Bad(A.LOOP_IDLE_NS, f"expected [start, end, ...] pairs, got {len(flat)} values on span {span.span_id}")
+    pairs = tuple(zip(flat[::2], flat[1::2], strict=True))
+    if any(b < a for a, b in pairs) or any(a2 < b for (_, b), (a2, _) in zip(pairs, pairs[1:])):
+        raise _Bad(A.LOOP_IDLE_NS, f"sleeps out of order on span {span.span_id}")
+    return pairs
 
 
 def _is_io(span: Span) -> bool:
@@ -763,7 +785,12 @@ def _trace_requests(trace_id: str, spans: Sequence[Span], report: Any) -> list[R
             root = span.attributes.get(A.TASK_ID)
             if not isinstance(root, int) or isinstance(root, bool):
                 raise _Incomplete(f"the request span has no integer '{A.TASK_ID}'")
-            out.append(_request(trace_id, str(route), span, root, tasks, syncs, ios))
+            request = _request(trace_id, str(route), span, root, tasks, syncs, ios)
+            try:
+                request = dataclasses.replace(request, loop_idle=_loop_idle(span))
+            except _Bad as exc:
+                report(span.line, exc.field, f"{exc.problem}; the request is kept without the loop's sleeps")
+            out.append(request)
         except _Incomplete as exc:
             report(span.line, None, f"{where}: {exc}; request left out")
     return out

@@ -7,7 +7,7 @@ from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
-from collector import _io, _sync, _tasks
+from collector import _idle, _io, _sync, _tasks
 
 
 class AsyncioCausalityInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -22,8 +22,10 @@ class AsyncioCausalityInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         _tasks.install(hooked)
         _sync.install()
         _io.install(kwargs["tracer_provider"], hooked)
+        _idle.install(hooked)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         _tasks.uninstall()
         _sync.uninstall()
         _io.uninstall()
+        _idle.uninstall()

@@ -30,6 +30,7 @@ from collector import _runtime, _tasks
 from collector import attributes as A
 
 _get_running_loop = asyncio.events._get_running_loop
+_time_ns = time.time_ns
 _Transport = asyncio.selector_events._SelectorSocketTransport
 
 
@@ -45,6 +46,10 @@ class IoState:
     measured_response: bool = False
     wrote: bool = False
     open: bool = True
+    answer_ns: int = 0
+    """When the loop finished the last read callback of the call's socket (Unix ns; 0: none)."""
+    read_ns: int = 0
+    """Time spent in those read callbacks, ns."""
 
 
 class _Reading(threading.local):
@@ -107,10 +112,13 @@ def _reader(name: str) -> Any:
             st.round_trips += 1
             st.wrote = False
         _reading.state = st
+        t0 = _time_ns()
         try:
             return _orig[name](self)
         finally:
             _reading.state = None
+            st.answer_ns = _time_ns()
+            st.read_ns += st.answer_ns - t0
 
     return read
 

@@ -9,7 +9,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanKind
 
-from collector import _io, _runtime, _tasks
+from collector import _idle, _io, _runtime, _tasks
 from collector import attributes as A
 
 _SCOPES: dict[str, str] = {
@@ -77,6 +77,8 @@ class CausalSpanProcessor(SpanProcessor):
     def _on_ending(self, span: Span) -> None:
         state = self._io.pop(span.context.span_id, None)
         if state is None:
+            if span.kind is SpanKind.SERVER:
+                self._request_ending(span)
             return
         try:
             state.open = False
@@ -92,7 +94,21 @@ class CausalSpanProcessor(SpanProcessor):
                 extra[A.IO_REQUEST_BYTES] = state.request_bytes
                 if state.measured_response:
                     extra[A.IO_RESPONSE_BYTES] = state.response_bytes
+            if state.answer_ns and A.IO_ANSWER_NS not in attrs:
+                extra[A.IO_ANSWER_NS] = state.answer_ns
+                extra[A.IO_READ_NS] = state.read_ns
             _set_on_ended(span, extra)
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
+            _runtime.count_error("on_ending")
+
+    @staticmethod
+    def _request_ending(span: Span) -> None:
+        try:
+            if _raw_attributes(span).get(A.KIND) != "request" or span.start_time is None:
+                return
+            sleeps = _idle.sleeps_between(span.start_time, _io._time_ns())
+            if sleeps is not None:
+                _set_on_ended(span, {A.LOOP_IDLE_NS: tuple(sleeps)})
         except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
             _runtime.count_error("on_ending")
 

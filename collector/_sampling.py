@@ -34,7 +34,7 @@ from opentelemetry.instrumentation.utils import _SUPPRESS_INSTRUMENTATION_KEY
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind
 
-from collector import _io, _runtime, _sync, _tasks
+from collector import _idle, _io, _runtime, _sync, _tasks
 from collector import attributes as A
 
 _decided: contextvars.ContextVar[bool] = contextvars.ContextVar("perfcast_sampling_decided", default=False)
@@ -127,6 +127,7 @@ class WindowSampler:
     def _open(self, now: float, closes_at: float) -> None:
         _tasks.hook()
         _io.hook()
+        _idle.hook()
         self.recording = True
         self.closes_at = closes_at
         self.open_ns = time.time_ns()
@@ -150,6 +151,7 @@ class WindowSampler:
                 return
         _tasks.unhook()
         _io.unhook()
+        _idle.unhook()
         self.recording = False
         self.next_open = now + self._gap()
         _tasks.forget()

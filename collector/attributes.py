@@ -40,6 +40,11 @@ TASK_STEP: Final = "perfcast.task.step"
 ROUTE: Final = "perfcast.route"
 """str: the request kind, ``METHOD /route/{template}`` (e.g. ``GET /post/{id}``), never the raw path."""
 
+LOOP_IDLE_NS: Final = "perfcast.loop.idle_ns"
+"""int[]: when the event loop slept (blocked in ``select()`` for at least 20 us) during the request, as
+``[start, end, start, end, ...]`` in Unix ns, in time order; absent when not recorded. Between two sleeps the
+loop was busy: task steps, and callbacks outside any step (the client libraries' read callbacks)."""
+
 # --- task chunk spans ---------------------------------------------------------------------------------------
 TASK_PARENT_ID: Final = "perfcast.task.parent_id"
 """int: id of the task that created this one; -1 when created outside any task."""
@@ -129,6 +134,13 @@ IO_REQUEST_BYTES: Final = "perfcast.io.request_bytes"
 
 IO_RESPONSE_BYTES: Final = "perfcast.io.response_bytes"
 """int: bytes read from the network by the call."""
+
+IO_ANSWER_NS: Final = "perfcast.io.answer_ns"
+"""int: when the loop had taken in the call's last answer (the end of its socket's last read callback, Unix ns)."""
+
+IO_READ_NS: Final = "perfcast.io.read_ns"
+"""int: the time the loop spent in the read callbacks of the call's socket (the client library taking in its
+answers outside any task step), ns."""
 
 # --- the process spans (one per second of the collection, contiguous intervals) ---------------------------
 PROCESS_USER_NS: Final = "perfcast.process.user_ns"

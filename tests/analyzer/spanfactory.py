@@ -33,9 +33,13 @@ class Trace:
         self.spans_.append(span)
         return span
 
-    def request(self, start: float, end: float, task: int) -> Trace:
-        self._span(self.route, "server", start, end,
-                   {A.KIND: "request", A.ROUTE: self.route, A.TASK_ID: task, A.TASK_STEP: 0})
+    def request(self, start: float, end: float, task: int,
+                idle: list[tuple[float, float]] | None = None) -> Trace:
+        """``idle``: when the loop slept (start ms, end ms)."""
+        attrs: dict[str, Any] = {A.KIND: "request", A.ROUTE: self.route, A.TASK_ID: task, A.TASK_STEP: 0}
+        if idle is not None:
+            attrs[A.LOOP_IDLE_NS] = tuple(ns(t) for pair in idle for t in pair)
+        self._span(self.route, "server", start, end, attrs)
         return self
 
     def task(self, tid: int, steps: list[tuple[float, float, str]], *, parent: int = -1, spawn_step: int = -1,
@@ -73,11 +77,16 @@ class Trace:
         return self
 
     def io(self, task: int, step: int, start: float, end: float, system: str = "redis", op: str = "GET",
-           resource: str = "redis://127.0.0.1:6379/0") -> Trace:
-        self._span(op, "client", start, end, {
+           resource: str = "redis://127.0.0.1:6379/0", answer: float | None = None, read: float = 0.0) -> Trace:
+        """``answer``: when the answer's read callback ended (ms); ``read``: time in read callbacks (ms)."""
+        attrs: dict[str, Any] = {
             A.KIND: "io", A.IO_SYSTEM: system, A.IO_OPERATION: op, A.IO_RESOURCE: resource,
             A.IO_ROUND_TRIPS: 1, A.IO_REQUEST_BYTES: 30, A.IO_RESPONSE_BYTES: 12, A.TASK_ID: task, A.TASK_STEP: step,
-        })
+        }
+        if answer is not None:
+            attrs[A.IO_ANSWER_NS] = ns(answer)
+            attrs[A.IO_READ_NS] = round(read * 1e6)
+        self._span(op, "client", start, end, attrs)
         return self
 
     def spans(self) -> list[Span]:

@@ -84,14 +84,15 @@ def test_a_call_whose_answer_waits_for_the_loop_no_longer_counts_as_in_flight(tm
     assert inflight == {"root/gather#0[0]/io0": [1], "root/gather#0[1]/io0": [1]}
 
 
-def queued_request(busy_until: float) -> Trace:
+def queued_request(busy_until: float, idle: list[tuple[float, float]] | None = None,
+                   answer: float | None = None, read: float = 0.0) -> Trace:
     """A gather: task 2 queries PostgreSQL [0.6, 2.95] while task 3 runs two steps from 0.65 (1 ms each, 0.05 apart)
     then ends at ``busy_until``; task 2 resumes at 2.9."""
     t = Trace("GET /q")
-    t.request(-0.1, 3.6, 1)
+    t.request(-0.1, 3.6, 1, idle=idle)
     t.task(1, [(0, 0.5, "sync:10"), (3.2, 0.2, "done")], coro="fan")
     t.task(2, [(0.55, 0.05, "io"), (2.9, 0.1, "done")], parent=1, spawn_step=0, created=0.2)
-    t.io(2, 0, 0.6, 2.95, "postgresql", "SELECT", "postgresql://127.0.0.1:5432/test")
+    t.io(2, 0, 0.6, 2.95, "postgresql", "SELECT", "postgresql://127.0.0.1:5432/test", answer=answer, read=read)
     t.task(3, [(0.65, 1.0, "future"), (1.7, busy_until - 1.7, "done")], parent=1, spawn_step=0, created=0.3)
     t.sync(10, "gather", "all", [2, 3], task=1, step=0, start=0.45, end=3.05, resume_step=1)
     return t
@@ -105,6 +106,27 @@ def test_io_nodes_say_how_long_their_answer_waited_for_the_loop(tmp_path: Path) 
     # the loop was idle for 1.2 ms before the call returned: the answer came then, after no queueing
     [g] = graphs_of(tmp_path, queued_request(busy_until=1.75))
     assert g.node("root/gather#0[0]/io0").extra["queued_ms"] == pytest.approx([0.0])
+
+
+def test_the_loops_sleeps_and_the_answers_read_time_say_more(tmp_path: Path) -> None:
+    call = "root/gather#0[0]/io0"
+    # the loop slept [1.8, 2.5], then ran callbacks outside any step until task 2 resumed at 2.9, among them the
+    # answer's own read [2.5, 2.6]: it waited 0.3 ms for the loop after it was in (2.95 - 2.6, less task 2's own
+    # 0.05 ms), which the gap between steps alone hides
+    [g] = graphs_of(tmp_path, queued_request(1.75, idle=[(1.8, 2.5)], answer=2.6, read=0.1))
+    node = g.node(call)
+    assert node.extra["queued_ms"] == pytest.approx([0.3]) and node.extra["answered_ms"] == pytest.approx([0.3])
+    # woken at 2.0 instead: the answer came somewhere in [2.0, 2.5], another 0.5 ms of bound (its read excluded)
+    [g] = graphs_of(tmp_path, queued_request(1.75, idle=[(1.8, 2.0)], answer=2.6, read=0.1))
+    node = g.node(call)
+    assert node.extra["queued_ms"] == pytest.approx([0.8]) and node.extra["answered_ms"] == pytest.approx([0.3])
+    # the read not timed: the whole spell since the sleep, less the task's own step, bounds the wait
+    [g] = graphs_of(tmp_path, queued_request(1.75, idle=[(1.8, 2.0)]))
+    node = g.node(call)
+    assert node.extra["queued_ms"] == pytest.approx([0.9]) and node.extra["answered_ms"] == pytest.approx([0.0])
+    # the loop slept until the task resumed: no wait at all
+    [g] = graphs_of(tmp_path, queued_request(1.75, idle=[(1.8, 2.9)]))
+    assert g.node(call).extra["queued_ms"] == pytest.approx([0.0])
 
 
 def test_sync_nodes_say_how_long_their_wake_up_waited_for_the_loop(tmp_path: Path) -> None:

@@ -128,6 +128,17 @@ class TestCpuModel:
         g.meta[WAIT_SCALE_KEY] = 1.0
         assert simulated_mean([g], "load:1") == pytest.approx(2.0, rel=0.05)
 
+    def test_an_answers_known_wait_for_the_loop_is_taken_out_whole(self) -> None:
+        # as above, but the collector timed the answer's read: 1 ms of the 2 came after it, for certain, and the
+        # answer came in the middle of the 1 ms before (expected 0.5): 1.5 ms taken out of the 3 ms call
+        def mean_with(answered: list[float]) -> float:
+            a = Node("a", NodeKind.IO, (1.0, 3.0) * 10, api="redis GET", resource="redis://h:1/0", system="redis",
+                     round_trips=(1,) * 20, extra={"queued_ms": [0.0, 2.0] * 10, "answered_ms": answered * 10})
+            return simulated_mean([chain("GET /", a)], "load:1")
+
+        assert mean_with([0.0, 1.0]) == pytest.approx((1.0 + 1.5) / 2, rel=0.05)
+        assert mean_with([0.0, 2.0]) == pytest.approx(1.0, rel=0.05)  # all of it after the read
+
     def test_io_cpu_holds_the_loop(self) -> None:
         # a 10 ms call of which 2 ms are the client library's CPU on the loop: D = 2, Z = 8
         g = chain("GET /", io("a", 10.0, cpu=2.0, before=0.5))

@@ -174,3 +174,18 @@ def test_io_span_naming_a_task_that_was_not_running_is_reattributed(tmp_path: Pa
     assert (io.task_id, io.task_step) == (2, 0)
     [problem] = got.problems
     assert f"io span {sql.span_id}" in problem and "attributed to task 2 step 0" in problem
+
+
+def test_the_loops_sleeps_are_read_and_a_bad_list_is_named(tmp_path: Path) -> None:
+    good = gather_request()
+    good.spans_[0] = dataclasses.replace(good.spans_[0], attributes={
+        **good.spans_[0].attributes, A.LOOP_IDLE_NS: (ns(1.0), ns(1.5), ns(2.0), ns(2.2))})
+    bad = gather_request(shift=30)
+    bad.spans_[0] = dataclasses.replace(bad.spans_[0], attributes={
+        **bad.spans_[0].attributes, A.LOOP_IDLE_NS: (ns(31.0), ns(31.5), ns(32.0))})
+    got = read_spans(write(tmp_path / "s.jsonl", good, bad))
+    first, second = got.requests
+    assert first.loop_idle == ((ns(1.0), ns(1.5)), (ns(2.0), ns(2.2)))
+    assert second.loop_idle is None  # kept, without them
+    [problem] = got.problems
+    assert A.LOOP_IDLE_NS in problem and "3 values" in problem and "s.jsonl:2:" in problem

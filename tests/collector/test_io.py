@@ -1,5 +1,6 @@
 import asyncio
 import os
+import time
 
 import aiosqlite
 import asyncpg
@@ -137,3 +138,57 @@ async def test_sync_points_inside_an_io_call_are_not_written(collected, redis_ur
         set(s.attributes[A.STEPS_AWAITS]) <= {"io", "done"} for s in helpers
     )
     assert "io" in collected.task(me)[A.STEPS_AWAITS]
+
+
+async def test_an_answer_is_timed_where_the_loop_read_it(collected, redis_url):
+    client = aioredis.from_url(redis_url)
+    with collected.tracer.start_as_current_span("request"):
+        await client.ping()
+        for i in range(5):
+            await client.get(f"perfcast:test:{i}")
+    await client.aclose()
+    gets = [s for s in io_spans(collected, "redis") if s.attributes[A.IO_OPERATION] == "GET"]
+    assert len(gets) == 5
+    for s in gets:
+        answer, read = s.attributes[A.IO_ANSWER_NS], s.attributes[A.IO_READ_NS]
+        assert read > 0 and s.start_time < answer - read and answer < s.end_time
+
+
+async def test_a_request_span_holds_the_loops_sleeps(collected, redis_url):
+    client = aioredis.from_url(redis_url)
+    await client.ping()
+
+    async def page(request: web.Request) -> web.Response:
+        await client.get("perfcast:test:0")
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.005:  # 5 ms on the loop: no sleep in there
+            pass
+        marks.append(time.time_ns())
+        await asyncio.sleep(0.02)  # nothing else to do: the loop sleeps
+        marks.append(time.time_ns())
+        return web.Response(text="ok")
+
+    marks: list[int] = []
+    app = web.Application()
+    app.router.add_get("/page", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with ClientSession() as session, session.get(f"http://127.0.0.1:{port}/page") as resp:
+            assert await resp.text() == "ok"
+    finally:
+        await runner.cleanup()
+        await client.aclose()
+    (request,) = collected.of_kind("request")
+    flat = request.attributes[A.LOOP_IDLE_NS]
+    sleeps = list(zip(flat[::2], flat[1::2], strict=True))
+    assert sleeps and all(request.start_time <= a < b <= request.end_time for a, b in sleeps)
+    assert all(b <= a2 for (_, b), (a2, _) in zip(sleeps, sleeps[1:]))
+    # the 20 ms sleep is there, nearly whole; the busy 5 ms before it hold none
+    slept = sum(min(b, marks[1]) - max(a, marks[0]) for a, b in sleeps if b > marks[0] and a < marks[1])
+    assert slept > 0.8 * (marks[1] - marks[0])
+    busy_from = marks[0] - 4_000_000
+    assert not any(busy_from < b <= marks[0] for _, b in sleeps)
