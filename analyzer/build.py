@@ -539,13 +539,18 @@ class _Builder:
         ``end_ns``, within ``[start_ns, end_ns]`` (ns): what kept a task that could have resumed from resuming.
 
         With the loop's sleeps recorded (``Request.loop_idle``), the busy spell since the last sleep, less
-        ``own``'s steps: callbacks outside any step count. Without them, the other tasks' steps that ran back to
-        back (gaps under ``_BACK_TO_BACK_NS``), which misses the callbacks between steps."""
+        ``own``'s steps: callbacks outside any step count. Without them, :meth:`_steps_before`."""
         idle = self.req.loop_idle
-        if idle is not None:
-            i = bisect.bisect_right(idle, (end_ns, end_ns)) - 1
-            spell = max(start_ns, min(idle[i][1], end_ns)) if i >= 0 else start_ns
-            return max(0, end_ns - spell - self._own_time(spell, end_ns, own))
+        if idle is None:
+            return self._steps_before(start_ns, end_ns, own)
+        i = bisect.bisect_right(idle, (end_ns, end_ns)) - 1
+        spell = max(start_ns, min(idle[i][1], end_ns)) if i >= 0 else start_ns
+        return max(0, end_ns - spell - self._own_time(spell, end_ns, own))
+
+    def _steps_before(self, start_ns: int, end_ns: int, own: set[int]) -> int:
+        """The steps of tasks not in ``own`` that ran back to back (gaps under ``_BACK_TO_BACK_NS``) right before
+        ``end_ns``, within ``[start_ns, end_ns]`` (ns): a lower bound on :meth:`_busy_before`, blind to the
+        callbacks between steps but also to the loop's own turn from one task to the next."""
         pieces = sorted(((max(st.start_ns, start_ns), min(st.end_ns, end_ns), t.task_id in own)
                          for t in self.req.tasks.values() for st in t.steps
                          if st.end_ns > start_ns and st.start_ns < end_ns),
@@ -727,8 +732,10 @@ class _Builder:
         done = self._completed(sync, prev, body_races)
         node.duration_ns = max(0, node.end_ns - done)
         # the wake-up ran behind other tasks' steps (a loop busy with the request's other branches): queueing the
-        # load simulation makes again, as for an io call's answer (_queued)
-        node.queued_ns = min(self._busy_before(done, node.end_ns, {tid}), node.duration_ns)
+        # load simulation makes again. Steps only, not the busy spell an io call's answer is bounded by (_queued):
+        # a wake-up's spell is mostly the loop's own turn from the joined task to this one (tens of us on a
+        # wake-up of the same length), which the simulated loop does not queue again
+        node.queued_ns = min(self._steps_before(done, node.end_ns, {tid}), node.duration_ns)
         if node.wait is WaitMode.ANY and len(racers) > 1:
             # Which racer(s) won is control flow (a replica, a timeout that fired): part of the variant. The
             # timer won when the collector says so (a loop busy elsewhere can fire it after the work is done).

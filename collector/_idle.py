@@ -95,7 +95,8 @@ def uninstall() -> None:
 
 def sleeps_between(start_ns: int, end_ns: int) -> list[int] | None:
     """The running loop's sleeps that overlap ``[start_ns, end_ns]`` (Unix ns), flattened as ``[start, end, ...]``
-    in time order and clipped to the interval; None when the loop's sleeps are not known (no hook, no loop)."""
+    in time order and clipped to the interval; None when the loop's sleeps are not known (no hook, no loop, or
+    more sleeps since ``start_ns`` than are kept)."""
     if not _hooked:
         return None
     loop = _get_running_loop()
@@ -103,6 +104,8 @@ def sleeps_between(start_ns: int, end_ns: int) -> list[int] | None:
     if selector is None or type(selector).select is not _select:
         return None
     sleeps = selector.__dict__.get("_perfcast_idle") or ()
+    if len(sleeps) == _KEPT and sleeps[0][1] > start_ns:
+        return None  # sleeps of the request's start were dropped: an incomplete list would read as busy
     out: list[tuple[int, int]] = []
     for a, b in reversed(sleeps):
         if b <= start_ns:

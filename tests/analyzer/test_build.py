@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import networkx as nx
@@ -143,6 +144,10 @@ def test_sync_nodes_say_how_long_their_wake_up_waited_for_the_loop(tmp_path: Pat
     sync = g.node("root/gather#0")
     assert sync.samples_ms == pytest.approx((0.7,))
     assert sync.extra["queued_ms"] == pytest.approx([0.6])
+    # the loop never slept in between: still only task 4's steps, not the loop's own turns between tasks
+    t.spans_[0] = dataclasses.replace(t.spans_[0], attributes={**t.spans_[0].attributes, A.LOOP_IDLE_NS: ()})
+    [g] = graphs_of(tmp_path, t)
+    assert g.node("root/gather#0").extra["queued_ms"] == pytest.approx([0.6])
 
 
 def test_compute_cpu_is_pro_rated(tmp_path: Path) -> None:

@@ -1,0 +1,58 @@
+"""The loop's sleeps: timed from its blocking select() calls, kept per loop, handed out per request window."""
+
+import asyncio
+import selectors
+import time
+
+import collector
+from collector import _idle
+
+
+async def test_sleeps_cover_the_loops_pauses_and_not_its_work(collected) -> None:
+    t0 = time.time_ns()
+    marks = []
+    for _ in range(3):
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.003:  # busy: no select() in here
+            pass
+        marks.append(time.time_ns())
+        await asyncio.sleep(0.005)
+        marks.append(time.time_ns())
+    flat = _idle.sleeps_between(t0, time.time_ns())
+    assert flat is not None and len(flat) % 2 == 0
+    sleeps = list(zip(flat[::2], flat[1::2], strict=True))
+    for busy_end, woke in zip(marks[::2], marks[1::2], strict=True):
+        slept = sum(min(b, woke) - max(a, busy_end) for a, b in sleeps if b > busy_end and a < woke)
+        assert slept > 0.6 * (woke - busy_end)
+        assert not any(busy_end - 2_500_000 < b <= busy_end for _, b in sleeps)
+
+
+async def test_a_window_whose_start_was_dropped_is_unknown(collected, monkeypatch) -> None:
+    monkeypatch.setattr(_idle, "_KEPT", 3)
+    t0 = time.time_ns()
+    for _ in range(5):
+        await asyncio.sleep(0.002)
+    assert _idle.sleeps_between(t0, time.time_ns()) is None
+    recent = time.time_ns()
+    await asyncio.sleep(0.002)
+    assert _idle.sleeps_between(recent, time.time_ns()) is not None
+
+
+def test_the_selector_gets_its_own_select_back() -> None:
+    own = selectors.DefaultSelector.__dict__.get("select")
+    collector.instrument(output=None, quiet=True)
+    try:
+        assert selectors.DefaultSelector.__dict__.get("select") is _idle._select
+    finally:
+        collector.uninstrument()
+    assert selectors.DefaultSelector.__dict__.get("select") is own
+    assert _idle.sleeps_between(0, time.time_ns()) is None
+
+
+def test_select_outside_a_loop_is_passed_through(collected) -> None:
+    sel = selectors.DefaultSelector()
+    try:
+        assert sel.select(0.005) == []  # blocked 5 ms, on a thread with no running loop: not recorded
+        assert "_perfcast_idle" not in sel.__dict__
+    finally:
+        sel.close()
