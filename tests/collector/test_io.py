@@ -14,6 +14,17 @@ def io_spans(collected, system):
     return [s for s in collected.of_kind("io") if s.attributes[A.IO_SYSTEM] == system]
 
 
+async def serve(path, handler):
+    """A real aiohttp server on a free port with one GET route: (runner, port)."""
+    app = web.Application()
+    app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
 async def test_redis_commands_and_pipeline(collected, redis_url):
     client = aioredis.from_url(redis_url)
     with collected.tracer.start_as_current_span("request"):
@@ -58,13 +69,7 @@ async def test_http_client_against_a_real_server(collected):
     async def blob(request: web.Request) -> web.Response:
         return web.Response(body=b"x" * 1000)
 
-    app = web.Application()
-    app.router.add_get("/blob/{id}", blob)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    runner, port = await serve("/blob/{id}", blob)
     try:
         async with ClientSession() as session:
             with collected.tracer.start_as_current_span("request"):
@@ -169,13 +174,7 @@ async def test_a_request_span_holds_the_loops_sleeps(collected, redis_url):
         return web.Response(text="ok")
 
     marks: list[int] = []
-    app = web.Application()
-    app.router.add_get("/page", page)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    runner, port = await serve("/page", page)
     try:
         async with ClientSession() as session, session.get(f"http://127.0.0.1:{port}/page") as resp:
             assert await resp.text() == "ok"
