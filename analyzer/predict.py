@@ -862,23 +862,19 @@ def _io_node(
     # change gives back the recording; graphs calibrated to a light run, whose wait scale absorbs it, keep it.
     simulated = scenario.needs_simulation and WAIT_SCALE_KEY not in graph.meta
     waited = taken = None
-    if (locations or simulated) and j not in per_sample:
-        waited, known = _answer_waited(graph, node, per_request[j], typical)
-        taken = known + ANSWER_WAIT_SHARE * (waited - known) if simulated else np.zeros_like(waited)
-    if simulated:
-        if waited is not None and taken is not None:
-            out = taken
+    if locations or simulated:
+        bound, known = _answer_waited(graph, node, per_request[j], typical)
+        expected = known + ANSWER_WAIT_SHARE * (bound - known) if simulated else np.zeros_like(bound)
+        if j in per_sample:
+            if simulated and expected.any():
+                per_sample[j] = np.maximum(per_sample[j] - expected[idx], 0.0)
         else:
-            bound, known = _answer_waited(graph, node, per_request[j], typical)
-            out = (known + ANSWER_WAIT_SHARE * (bound - known))[idx]
-        if out.any():
-            if j in per_sample:
-                per_sample[j] = np.maximum(per_sample[j] - out, 0.0)
-            else:
-                per_request[j] = per_request[j] - out
+            waited, taken = bound, expected
+            per_request[j] = per_request[j] - expected
+        if simulated and expected.any():
             notes.append(f"without the expected part of its recorded wait for the loop (answered_ms, and half of "
-                         f"the rest of queued_ms), which the simulated loop queues again: {out.mean():.3g} ms on "
-                         "average")
+                         f"the rest of queued_ms), which the simulated loop queues again: {expected.mean():.3g} ms "
+                         "on average")
     if not locations:
         return notes
     for loc in locations:
