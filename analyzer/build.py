@@ -480,6 +480,12 @@ class _Builder:
         close_compute(seq[-1].end_ns if seq else max(lo, task.created_ns))
         return seq
 
+    def _call_tasks(self, task: TaskLife, io: IoCall) -> list[TaskLife]:
+        """The task that made an I/O call and the tasks it created inside the call (a library's own helper
+        tasks): the work that is the call's own."""
+        return [task] + [t for t in self.req.tasks.values()
+                         if t.parent_id == task.task_id and io.start_ns < t.created_ns < io.end_ns]
+
     def _io_cpu(self, task: TaskLife, io: IoCall) -> tuple[int, int]:
         """CPU of the loop thread inside an I/O call, (in the step that made it, in later steps), in ns.
 
@@ -488,9 +494,7 @@ class _Builder:
         created inside the call (a library's own helper tasks).
         """
         before = after = 0
-        tasks = [task] + [t for t in self.req.tasks.values()
-                          if t.parent_id == task.task_id and io.start_ns < t.created_ns < io.end_ns]
-        for t in tasks:
+        for t in self._call_tasks(task, io):
             for st in t.steps:
                 a, b = max(st.start_ns, io.start_ns), min(st.end_ns, io.end_ns)
                 if b <= a or not st.wall_ns:
@@ -519,8 +523,7 @@ class _Builder:
 
         The calling task's own steps (the client library parsing the answer) are the call's CPU, not queueing.
         """
-        own = {task.task_id} | {t.task_id for t in self.req.tasks.values()
-                                if t.parent_id == task.task_id and io.start_ns < t.created_ns < io.end_ns}
+        own = {t.task_id for t in self._call_tasks(task, io)}
         answered = io.answer_ns if io.start_ns < io.answer_ns <= io.end_ns else io.end_ns
         known = max(0, io.end_ns - answered - self._own_time(answered, io.end_ns, own))
         before = self._busy_before(io.start_ns, answered, own)

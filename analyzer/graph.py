@@ -48,8 +48,8 @@ PER_REQUEST_EXTRAS: tuple[str, ...] = ("ready_ms", "wait_ms", "queued_ms", "answ
                                        "inflight")
 """Extra node fields the builder writes with one value per request, aligned with ``samples_ms``: a compute
 node's wait for the loop before its task first ran and the waits folded into it, an io call's wait behind its
-request's other work at its end (a bound) and the part of it known to follow the answer's arrival, the part of its CPU before the wait, and the calls of its request in flight
-to its resource."""
+request's other work at its end (a bound) and the part of it known to follow the answer's arrival, the part of
+its CPU before the wait, and the calls of its request in flight to its resource."""
 
 
 class NodeKind(enum.StrEnum):

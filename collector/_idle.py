@@ -103,8 +103,10 @@ def sleeps_between(start_ns: int, end_ns: int) -> list[int] | None:
     selector = getattr(loop, "_selector", None) if loop is not None else None
     if selector is None or type(selector).select is not _select:
         return None
-    sleeps = selector.__dict__.get("_perfcast_idle") or ()
-    if len(sleeps) == _KEPT and sleeps[0][1] > start_ns:
+    sleeps = selector.__dict__.get("_perfcast_idle")
+    if sleeps is None:
+        return []
+    if len(sleeps) == sleeps.maxlen and sleeps[0][1] > start_ns:
         return None  # sleeps of the request's start were dropped: an incomplete list would read as busy
     out: list[tuple[int, int]] = []
     for a, b in reversed(sleeps):

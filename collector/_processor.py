@@ -104,9 +104,9 @@ class CausalSpanProcessor(SpanProcessor):
     @staticmethod
     def _request_ending(span: Span) -> None:
         try:
-            if _raw_attributes(span).get(A.KIND) != "request" or span.start_time is None:
+            if _raw_attributes(span).get(A.KIND) != "request" or span.start_time is None or span.end_time is None:
                 return
-            sleeps = _idle.sleeps_between(span.start_time, _io._time_ns())
+            sleeps = _idle.sleeps_between(span.start_time, span.end_time)
             if sleeps is not None:
                 _set_on_ended(span, {A.LOOP_IDLE_NS: tuple(sleeps)})
         except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
