@@ -101,6 +101,8 @@ class _Obs:
     sync nodes: the part of the wake-up during which it did (:meth:`_sync`)."""
     answered_ns: int = 0
     """io nodes: the part of ``queued_ns`` after the answer was read, known rather than bounded (:meth:`_queued`)."""
+    hidden_ns: int = 0
+    """io nodes: the loop's work inside the call's wait that no step holds (:func:`_hidden_work`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +234,7 @@ def _merge(route: str, variant: int, members: Sequence[RequestGraph]) -> CausalG
     for node_id, proto in first.nodes.items():
         samples = [rg.nodes[node_id] for rg in members]
         extra = dict(proto.extra)
-        for key in ("ready_ms", "wait_ms", "cpu_before_ms", "queued_ms", "answered_ms"):
+        for key in ("ready_ms", "wait_ms", "cpu_before_ms", "queued_ms", "answered_ms", "hidden_ms"):
             if key in extra:
                 extra[key] = [round(float(s.extra[key][0]), 6) for s in samples]
         if "inflight" in extra:
@@ -642,6 +644,7 @@ class _Builder:
             if not all(nx.has_path(dag, prev_id, p) for p in dag.predecessors(sync_id)):
                 edges.add((prev_id, next_id))
         _count_inflight([n for n in nodes.values() if n.io is not None])
+        _hidden_work(req, list(nodes.values()))
         return RequestGraph(req, {i: _to_node(n) for i, n in nodes.items()}, tuple(sorted(edges)))
 
     def _spawn_edge(self, task: TaskLife, first: _Obs, edges: set[tuple[str, str]]) -> None:
@@ -803,6 +806,36 @@ def _count_inflight(calls: Sequence[_Obs]) -> None:
         obs.inflight = max(1, sum(1 for a, b in by_resource[obs.io.resource] if a <= start < b))
 
 
+def _hidden_work(req: Request, nodes: Sequence[_Obs]) -> None:
+    """Set each io node's ``hidden_ns``: the loop's work during the request that no node holds the loop for.
+
+    The loop is busy whenever it is not asleep in ``select()`` (``Request.loop_idle``). Compute nodes (less
+    their wait to first run) and io calls' own CPU account for most of that; the rest is work outside any task
+    step: the sockets' read callbacks (``IoCall.read_ns``), the server's work before the first step and after
+    the last, the loop's own turn between callbacks, what the collector's hooks add there. The simulation leaves
+    it inside the waits, where it was recorded, but a CPU neighbour stretches it as it stretches the steps
+    (:mod:`analyzer.loadsim`). Each call gets its own read callbacks, and what is left is shared equally among
+    the request's calls. Without recorded sleeps, the read callbacks alone.
+    """
+    calls = [n for n in nodes if n.io is not None]
+    if not calls:
+        return
+    for obs in calls:
+        assert obs.io is not None
+        obs.hidden_ns = max(obs.io.read_ns, 0)
+    if req.loop_idle is None:
+        return
+    asleep = sum(max(0, min(b, req.end_ns) - max(a, req.start_ns)) for a, b in req.loop_idle)
+    # a segment's wait for the loop before its task first ran is other work's time, not its own
+    held = sum(n.duration_ns - (n.ready_ns or 0) for n in nodes if n.kind is NodeKind.COMPUTE)
+    held += sum(n.cpu_ns for n in calls)
+    rest = (req.end_ns - req.start_ns) - asleep - held - sum(n.hidden_ns for n in calls)
+    if rest > 0:
+        share = rest // len(calls)
+        for obs in calls:
+            obs.hidden_ns += share
+
+
 def _to_node(obs: _Obs) -> Node:
     io = obs.io
     extra: dict[str, Any] = {}
@@ -817,6 +850,7 @@ def _to_node(obs: _Obs) -> Node:
         extra["inflight"] = [max(obs.inflight, 1)]
         extra["queued_ms"] = [obs.queued_ns / 1e6]
         extra["answered_ms"] = [obs.answered_ns / 1e6]
+        extra["hidden_ms"] = [obs.hidden_ns / 1e6]
     if obs.kind is NodeKind.SYNC and obs.sync is not None:
         extra["queued_ms"] = [obs.queued_ns / 1e6]
     return Node(

@@ -45,11 +45,12 @@ FORMAT = "perfcast-graphs/1"
 
 
 PER_REQUEST_EXTRAS: tuple[str, ...] = ("ready_ms", "wait_ms", "queued_ms", "answered_ms", "cpu_before_ms",
-                                       "inflight")
+                                       "hidden_ms", "inflight")
 """Extra node fields the builder writes with one value per request, aligned with ``samples_ms``: a compute
 node's wait for the loop before its task first ran and the waits folded into it, an io call's wait behind its
 request's other work at its end (a bound) and the part of it known to follow the answer's arrival, the part of
-its CPU before the wait, and the calls of its request in flight to its resource."""
+its CPU before the wait, the loop's work inside its wait outside any step, and the calls of its request in
+flight to its resource."""
 
 
 class NodeKind(enum.StrEnum):

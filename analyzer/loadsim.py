@@ -156,6 +156,10 @@ class Workload:
     threaded: tuple[bool, ...] = ()
     """Per node: an io call served by a thread of the app's own process (aiosqlite runs each connection on
     one), which needs the GIL to take the job and again to hand the answer back (:data:`THREAD_SYSTEMS`)."""
+    hidden: FloatArray | None = None
+    """``(nodes, columns)`` or None: io nodes' loop work inside the wait that no step holds (read callbacks, the
+    loop's own turn: the node's ``hidden_ms``), part of the wait's duration. A CPU neighbour stretches it as
+    loop work when the answer comes in."""
 
 
 THREAD_SYSTEMS = frozenset({"sqlite"})
@@ -282,24 +286,25 @@ def simulate(
         loop_free[server] = s + d
         return s + d
 
-    def on_loop(r: int, t: float, site: int, j: int, d: float) -> float:
+    def on_loop(r: int, t: float, site: int, j: int, d: float, hidden: float = 0.0) -> float:
         """When ``d`` ms of request ``r``'s loop work arriving at ``t`` is done. The work a request leaves behind
         once it has answered (a fire-and-forget task) runs beside the next request, whose recorded durations
         hold what it cost them when the requests were recorded: one user per loop, the recorded load, does not
         queue it again."""
         if req_ended[r] and users == 1:
             return t + d
-        return hold(req_server[r], t, woken(r, j, site, t, d))
+        return hold(req_server[r], t, woken(r, j, site, t, d, hidden))
 
-    def woken(r: int, j: int, site: int, t: float, d: float) -> float:
-        """``d`` plus what the loop's idle gap before this work (arriving at ``t``) adds to it."""
+    def woken(r: int, j: int, site: int, t: float, d: float, hidden: float = 0.0) -> float:
+        """``d`` plus what the loop's idle gap before this work (arriving at ``t``) adds to it; ``hidden``: loop
+        work the recorded wait before it already holds, which only a neighbour's stretch of it adds to."""
         if wake is None and neighbour is None:
             return d
         server = req_server[r]
         gap = max(t - loop_free[server], 0.0)
         extra = wake(req_kind[r], j, req_col[r], site, gap, d, server) if wake is not None else 0.0
-        if neighbour is not None and d > 0:
-            extra += spell(r, server, gap > 0, t, d)
+        if neighbour is not None and d + hidden > 0:
+            extra += spell(r, server, gap > 0, t, d + hidden)
         return max(d + extra, 0.0)
 
     def spell(r: int, server: int, fresh: bool, t: float, d: float) -> float:
@@ -370,10 +375,14 @@ def simulate(
         """How long a thread of the process waits at ``t`` for the GIL the loop's thread holds."""
         return min(max(loop_free[req_server[r]] - t, 0.0), gil_switch_ms)
 
+    def hidden_of(w: Workload, j: int, col: int) -> float:
+        return float(w.hidden[j, col]) if neighbour is not None and w.hidden is not None else 0.0
+
     def end_wait(r: int, j: int, t: float) -> None:
         """The call's answer arrived at ``t``: its CPU after the wait holds the loop, then the call ends."""
-        _, after = cpu_of(workloads[req_kind[r]], j, req_col[r])
-        if after > 0:
+        w = workloads[req_kind[r]]
+        _, after = cpu_of(w, j, req_col[r])
+        if after > 0 or hidden_of(w, j, req_col[r]) > 0:
             push(t, r, j, 4)  # reserve the loop at t (in time order), then end
         else:
             push(t, r, j, 1)
@@ -416,7 +425,7 @@ def simulate(
                 waiting[p].append((r, j))
             continue
         if phase == 4:  # the answer arrived: the CPU after the wait, then the call ends
-            push(on_loop(r, t, 2, j, cpu_of(w, j, req_col[r])[1]), r, j, 1)
+            push(on_loop(r, t, 2, j, cpu_of(w, j, req_col[r])[1], hidden_of(w, j, req_col[r])), r, j, 1)
             continue
         if phase == 1:  # an io call (or delay) finished: release what it held
             g = w.group[j] if w.group else -1
@@ -792,7 +801,7 @@ def _simulate_once(
     # loop starts them before any answer comes, where the recorded answers came sooner and waited for the loop
     # (the example's index page came out 0.3-1.15 ms above its recording with nothing changed).
     shift_levels = users > 1 or bool(failed_groups)
-    ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = sync_nodes = loop_cpu_nodes = 0
+    ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = sync_nodes = loop_cpu_nodes = hidden_nodes = 0
     parts: list[tuple[Any, ...]] = []
     for gi, (graph, model) in enumerate(zip(graphs, models, strict=True)):
         durations = model.sample_matrix()
@@ -802,9 +811,14 @@ def _simulate_once(
         wait_scale = float(raw_wait) if isinstance(raw_wait, (int, float)) and raw_wait > 0 else None
         on_loop, pool, group, nested, server = [], [], [], [], []
         cpu_before, cpu_after = np.zeros_like(durations), np.zeros_like(durations)
+        hidden = np.zeros_like(durations) if neighbour is not None else None
         for j, node_id in enumerate(model.plan.ids):
             node = graph.node(node_id)
             on_loop.append(node.kind is NodeKind.COMPUTE)
+            unheld = node.extra.get("hidden_ms")
+            if hidden is not None and isinstance(unheld, list) and len(unheld) == model.base.shape[1]:
+                hidden[j] = np.asarray(unheld, dtype=np.float64)[model.idx] * (scale if scale is not None else 1.0)
+                hidden_nodes += 1
             if node.kind is NodeKind.IO and len(node.cpu_ms) == model.base.shape[1]:
                 io_cpu_nodes += 1
                 cpu_before[j], cpu_after[j] = _io_cpu(node, model.idx)
@@ -878,7 +892,7 @@ def _simulate_once(
             durations[w] = 0.0  # the recorded wait for a connection: the simulated pool makes its own
             pool_waits += 1
         parts.append((model.plan, durations, tuple(on_loop), held_pool, tuple(group), tuple(nested), tuple(server),
-                      cpu_before if has_cpu else None, cpu_after if has_cpu else None, holds))
+                      cpu_before if has_cpu else None, cpu_after if has_cpu else None, holds, hidden))
     # weights once every nested call is known
     weights = [nesting.weight(gi) for gi in range(len(graphs))]
     background, how = _background(graphs, [p[0] for p in parts], weights, users)
@@ -888,8 +902,8 @@ def _simulate_once(
     threaded = [tuple(users > 1 and graph.node(i).kind is NodeKind.IO and graph.node(i).system in THREAD_SYSTEMS
                       for i in part[0].ids) for graph, part in zip(graphs, parts, strict=True)]
     workloads = [Workload(plan, durations, loop, pool, group, weights[gi], nested, server, before, after,
-                          background[gi], holds, threaded[gi])
-                 for gi, (plan, durations, loop, pool, group, nested, server, before, after, holds)
+                          background[gi], holds, threaded[gi], hidden)
+                 for gi, (plan, durations, loop, pool, group, nested, server, before, after, holds, hidden)
                  in enumerate(parts)]
     if any(any(t) for t in threaded):
         systems = sorted({graph.node(i).system for graph, part, t in zip(graphs, parts, threaded, strict=True)
@@ -913,6 +927,9 @@ def _simulate_once(
     if io_cpu_nodes:
         notes.append(f"{io_cpu_nodes} io nodes hold the loop for their recorded CPU (the client library's work "
                      "before and after the wait); only the rest of the call overlaps")
+    if hidden_nodes:
+        notes.append(f"interference: {hidden_nodes} io nodes' loop work outside any step (read callbacks, the loop's "
+                     "own turn: hidden_ms) is stretched with the spell that takes in their answer")
     if loop_cpu_nodes:
         notes.append(f"{loop_cpu_nodes} io nodes hold the loop for the caller's CPU the scenario adds to them (a "
                      "bigger answer to take in), the calls queueing for it on the simulated loop")

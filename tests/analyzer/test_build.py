@@ -130,6 +130,27 @@ def test_the_loops_sleeps_and_the_answers_read_time_say_more(tmp_path: Path) -> 
     assert g.node(call).extra["queued_ms"] == pytest.approx([0.0])
 
 
+def test_io_nodes_carry_the_loops_work_that_no_step_holds(tmp_path: Path) -> None:
+    call = "root/gather#0[0]/io0"
+
+    def held(g: CausalGraph) -> float:
+        ready = [n.samples_ms[0] - (n.extra.get("ready_ms") or [0.0])[0] for n in g.nodes if n.kind is NodeKind.COMPUTE]
+        return sum(ready) + sum(n.cpu_ms[0] for n in g.nodes if n.kind is NodeKind.IO)
+
+    # busy 3.7 - 0.7 ms asleep: what the steps and the call's own CPU do not hold is the call's, its read included
+    [g] = graphs_of(tmp_path, queued_request(1.75, idle=[(1.8, 2.5)], answer=2.6, read=0.1))
+    hidden = g.node(call).extra["hidden_ms"][0]
+    assert hidden == pytest.approx(3.0 - held(g), abs=1e-6) and hidden > 0.1
+    # the loop slept 0.2 ms longer: 0.2 ms less of it
+    [g] = graphs_of(tmp_path, queued_request(1.75, idle=[(1.8, 2.7)], answer=2.75, read=0.1))
+    assert g.node(call).extra["hidden_ms"][0] == pytest.approx(hidden - 0.2, abs=1e-6)
+    # no sleeps recorded: the answer's read callback alone; nothing recorded at all: nothing
+    [g] = graphs_of(tmp_path, queued_request(1.75, answer=2.6, read=0.1))
+    assert g.node(call).extra["hidden_ms"] == pytest.approx([0.1])
+    [g] = graphs_of(tmp_path, queued_request(1.75))
+    assert g.node(call).extra["hidden_ms"] == pytest.approx([0.0])
+
+
 def test_sync_nodes_say_how_long_their_wake_up_waited_for_the_loop(tmp_path: Path) -> None:
     # a gather of tasks 2 and 3, done at 0.8; task 4 (spawned beside them, not joined) holds the loop over
     # [0.85, 1.45], and the root resumes at 1.5: of the 0.7 ms wake-up, 0.6 was queueing behind task 4

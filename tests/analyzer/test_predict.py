@@ -331,6 +331,23 @@ class TestInterferenceProfiles:
         assert "each spell of the loop's work" in how["c"] and "each spell" in how["d"]
         assert any("each spell of the simulated loop's work" in n and "cpu 0.5ms" in n for n in p.notes)
 
+    def test_the_loops_work_inside_a_calls_wait_joins_the_spell_that_takes_in_its_answer(self, tmp_path: Path) -> None:
+        # as above, but 0.5 ms of a's 2 ms was the loop reading its answer outside any step (hidden_ms): the spell
+        # after the wake-up is 0.5 + 1 ms of work, priced 1.0 as before; the read itself stays inside a's 2 ms,
+        # so only what the neighbour adds to it is new
+        a = replace(io("a", [2.0] * 4), extra={"hidden_ms": [0.5] * 4})
+        g = graph("GET /", [a, compute("c", [1.0] * 4, [1.0] * 4)], [("start", "a"), ("a", "c"), ("c", "end")])
+        plain = graph("GET /", [io("a", [2.0] * 4), compute("c", [1.0] * 4, [1.0] * 4)],
+                      [("start", "a"), ("a", "c"), ("c", "end")])
+        with cpu_store(tmp_path / "p.db", {0.5: 0.3, 1.0: 0.8, 4.0: 2.0}) as s:
+            (p,) = predict([g], "interference:cpu=50", s, samples=500, rng=rng())
+            (q,) = predict([plain], "interference:cpu=50", s, samples=500, rng=rng())
+            (same,) = predict([g], "location:redis=+0ms", s, samples=500, rng=rng())
+        np.testing.assert_allclose(p.predicted.samples_ms, 2.0 + 1.0 + 1.0, atol=1e-9)
+        np.testing.assert_allclose(q.predicted.samples_ms, 2.0 + 1.0 + 0.8, atol=1e-9)
+        np.testing.assert_allclose(same.predicted.samples_ms, 3.0, atol=1e-9)  # no neighbour: nothing to add
+        assert any("hidden_ms" in n for n in p.notes)
+
     def test_the_wake_up_for_the_requests_arrival_is_not_added(self, tmp_path: Path) -> None:
         # the first step runs when the request arrives: its wake-up came before the server span started, so it
         # gains what the profiles add to its work beyond a wake-up (0.8 - 0.3), though the loop was idle (after
