@@ -42,7 +42,7 @@ from typing import Any
 import networkx as nx
 
 from analyzer.errors import GraphError
-from analyzer.graph import CausalGraph, Node, NodeKind, WaitMode
+from analyzer.graph import PER_REQUEST_EXTRAS, CausalGraph, Node, NodeKind, WaitMode
 from analyzer.spans import (
     IoCall,
     Request,
@@ -234,8 +234,8 @@ def _merge(route: str, variant: int, members: Sequence[RequestGraph]) -> CausalG
     for node_id, proto in first.nodes.items():
         samples = [rg.nodes[node_id] for rg in members]
         extra = dict(proto.extra)
-        for key in ("ready_ms", "wait_ms", "cpu_before_ms", "queued_ms", "answered_ms", "hidden_ms"):
-            if key in extra:
+        for key in PER_REQUEST_EXTRAS:
+            if key in extra and key != "inflight":
                 extra[key] = [round(float(s.extra[key][0]), 6) for s in samples]
         if "inflight" in extra:
             extra["inflight"] = [int(s.extra["inflight"][0]) for s in samples]

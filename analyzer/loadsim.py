@@ -51,7 +51,9 @@ on which the compute segments of *all* concurrent requests run one at a time. So
   loop for the fair share (:func:`analyzer.predict.node_durations`; an io call's CPU too), and a piece the
   simulated loop wakes up for, idle before it, takes the profiles' extra at the neighbour's phase instead
   (:func:`_neighbour`): one wake-up serves every callback that is ready, so a fan-out whose answers arrive
-  together pays one, where the steps after io calls, decided from the graph, would each pay their own;
+  together pays one, where the steps after io calls, decided from the graph, would each pay their own; the
+  loop's work inside an io call's wait that no step holds (its ``hidden_ms``: read callbacks, the loop's own
+  turn) joins the spell that takes in the answer, which adds only its stretch (it is in the wait already);
 - the work a request leaves behind once it has answered (a fire-and-forget task's steps and calls' CPU) runs
   beside the next request; at one user per loop, the load the durations were recorded at, the next request's
   recorded durations hold what it cost them, so it is not queued on the loop again (queued, the example's
