@@ -31,8 +31,9 @@ How each change turns into node durations (``--explain`` prints it for every nod
   neighbour at PCT adds to a wake-up and that much work, at the quantile of the neighbour's phase when the
   spell starts (:mod:`analyzer.interference`): the probes measure exactly that, a sleep and then W ms of
   work. Without profiles, a compute node's CPU time ``c_i`` and an io call's own CPU on the loop (its
-  ``cpu_ms``) are stretched by the fair share :func:`~analyzer.interference.cpu_slowdown`, their waiting parts
-  unchanged (without a CPU measurement the whole segment counts as CPU).
+  ``cpu_ms``, and the loop's work inside its wait, ``hidden_ms``) are stretched by the fair share
+  :func:`~analyzer.interference.cpu_slowdown`, their waiting parts unchanged (without a CPU measurement the
+  whole segment counts as CPU).
 - timer nodes racing work (``timeout_ms`` set) take their timeout, whatever the recorded request did.
 """
 
@@ -655,16 +656,21 @@ def node_durations(
 def _io_cpu_stretch(j: int, graph: CausalGraph, node: Node, cpu_pct: float, per_request: _CopyOnWrite,
                     per_sample: dict[int, FloatArray], idx: npt.NDArray[np.intp]) -> str:
     """Interference without CPU profiles on an io call's own CPU (the client library's work on the loop, the
-    node's ``cpu_ms``): the fair share (:func:`~analyzer.interference.cpu_slowdown`)."""
+    node's ``cpu_ms``) and on the loop's work inside its wait (``hidden_ms``, :func:`analyzer.build._hidden_work`):
+    the fair share (:func:`~analyzer.interference.cpu_slowdown`)."""
     factor = cpu_slowdown(cpu_pct)
-    c = np.minimum(_array(graph, node, "cpu_ms"), per_request[j])
+    own = _array(graph, node, "cpu_ms")
+    raw = node.extra.get("hidden_ms")
+    hidden = np.asarray(raw, dtype=np.float64) if isinstance(raw, list) and len(raw) == own.size else None
+    c = np.minimum(own if hidden is None else own + hidden, per_request[j])
     if j in per_sample:
         per_sample[j] = per_sample[j] + c[idx] * (factor - 1.0)
     else:
         per_request[j] = per_request[j] + c * (factor - 1.0)
-    return (f"interference: the call's CPU on the loop (the client library's work, {float(np.mean(c)):.3g} ms) x "
-            f"{factor:.3g} (fair share with a neighbour busy {cpu_pct:g}% of the time; no CPU profile in the "
-            "store)")
+    inside = "" if hidden is None else f", and the loop's work inside its wait, {float(np.mean(hidden)):.3g} ms"
+    return (f"interference: the call's CPU on the loop (the client library's work, {float(np.mean(own)):.3g} ms"
+            f"{inside}) x {factor:.3g} (fair share with a neighbour busy {cpu_pct:g}% of the time; no CPU profile "
+            "in the store)")
 
 
 class _CopyOnWrite:

@@ -293,6 +293,13 @@ class TestInterference:
         np.testing.assert_allclose(p.predicted.samples_ms, 3.8 + 1.2 / 0.75 + 1.0 / 0.75)
         (source,) = [s for s in p.sources[0][1] if s.node == "q"]
         assert source.source == "model" and "client library's work, 1.2 ms) x 1.33" in source.how
+        # 0.4 ms of it was the loop taking in the answer outside any step (hidden_ms): stretched as well
+        q2 = replace(q, extra={"hidden_ms": [0.4] * 4})
+        g2 = graph("GET /", [q2, compute("c", [1.0] * 4, cpu=[1.0] * 4)], [("start", "q"), ("q", "c"), ("c", "end")])
+        (p2,) = predict([g2], "interference:cpu=50", samples=100, rng=rng())
+        np.testing.assert_allclose(p2.predicted.samples_ms, 3.4 + 1.6 / 0.75 + 1.0 / 0.75)
+        (source,) = [s for s in p2.sources[0][1] if s.node == "q"]
+        assert "the loop's work inside its wait, 0.4 ms) x 1.33" in source.how
 
     def test_without_cpu_time_the_whole_segment_is_cpu(self) -> None:
         g = graph("GET /", [compute("c", [2.0] * 4)], [("start", "c"), ("c", "end")])
