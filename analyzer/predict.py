@@ -868,7 +868,7 @@ def _io_node(
     # change gives back the recording; graphs calibrated to a light run, whose wait scale absorbs it, keep it.
     simulated = scenario.needs_simulation and WAIT_SCALE_KEY not in graph.meta
     waited = taken = None
-    if locations or simulated:
+    if simulated or (locations and j not in per_sample):
         bound, known = _answer_waited(graph, node, per_request[j], typical)
         expected = known + ANSWER_WAIT_SHARE * (bound - known) if simulated else np.zeros_like(bound)
         if j in per_sample:
