@@ -202,6 +202,9 @@ class Request:
     loop_idle: tuple[tuple[int, int], ...] | None = None
     """When the event loop slept during the request, ``(start_ns, end_ns)`` in time order; None when not
     recorded (``perfcast.loop.idle_ns``)."""
+    loop_woke_ns: int | None = None
+    """When the event loop last woke from a sleep before the request started (its reading and parsing of the
+    request lie between); None when not recorded (``perfcast.loop.woke_ns``)."""
 
     @property
     def latency_ms(self) -> float:
@@ -719,6 +722,14 @@ def _loop_idle(span: Span) -> tuple[tuple[int, int], ...] | None:
     return pairs
 
 
+def _loop_woke(span: Span) -> int | None:
+    woke = _get(span, A.LOOP_WOKE_NS, int, None)
+    if woke is not None and woke > span.start_ns:
+        raise _Bad(A.LOOP_WOKE_NS, f"the loop woke at {woke}, after the request started ({span.start_ns}), on span "
+                                   f"{span.span_id}")
+    return woke
+
+
 def _is_io(span: Span) -> bool:
     kind = span.perfcast_kind
     if kind:
@@ -790,6 +801,10 @@ def _trace_requests(trace_id: str, spans: Sequence[Span], report: Any) -> list[R
                 request = dataclasses.replace(request, loop_idle=_loop_idle(span))
             except _Bad as exc:
                 report(span.line, exc.field, f"{exc.problem}; the request is kept without the loop's sleeps")
+            try:
+                request = dataclasses.replace(request, loop_woke_ns=_loop_woke(span))
+            except _Bad as exc:
+                report(span.line, exc.field, f"{exc.problem}; the request is kept without its wake-up")
             out.append(request)
         except _Incomplete as exc:
             report(span.line, None, f"{where}: {exc}; request left out")

@@ -28,7 +28,10 @@ twice. Gaps a little work apart add up there: a gap before the last one's ``span
 with that gap's idle in the share of the work left.
 
 Measured from outside the app (``perfcast profile --http URL --idle 5,10,20``), a profile also holds the
-client's own wake-up, and the services' the app called.
+client's own wake-up, and the services' the app called. From the app's spans it holds the loop's work off the
+io calls, and its reading of the request before the span started where the spans record when the loop woke
+(``perfcast.loop.woke_ns``): between requests that is the first and coldest work after the pause, which in the
+middle of a request falls on the steps after a wait.
 
 The services go cold too. A database or a blob service idle for 20 ms answers the app's next call 0.2 ms later
 (measured on the example app: PostgreSQL 0.35 -> 0.56 ms, the blob service 0.54 -> 0.74 ms; the loop's own steps
@@ -154,7 +157,10 @@ def add_wake_profiles(
     ``measured[g]``: the requests sent after a pause of ``g`` ms (0 included); ``every``: all the run's requests,
     warm-ups too (a service's idle before a call runs from the start of the call to it before, whichever request
     made that one). The loop's profile (api ``wake``, under ``name``, a route last as for
-    :func:`add_wake_profile`) holds each request's latency without the time an io call was in flight; each
+    :func:`add_wake_profile`) holds each request's latency without the time an io call was in flight, plus,
+    where every request recorded the loop's wake-up before it (``Request.loop_woke_ns``), the loop's work from
+    that wake-up to the request's span: the reading and parsing of the request, the first and coldest work
+    after a pause, which a wait in the middle of a request leaves to the steps after it; each
     resource's (api ``wake service``) the duration of the first call to it in each request, one level per
     pause, at the median idle the resource had before those calls. A resource whose levels do not grow with the
     pause, or span under 5 ms, gets none. Returns one line per profile stored, saying what it holds.
@@ -163,11 +169,13 @@ def add_wake_profiles(
     (the client's own wake-up and the kernel's delivery of the request to a sleeping app) has no part in a
     wait in the middle of a request. Added to the loop's levels (+0.24 ms at 10 ms, +0.51 at 20 on the
     example), it priced the location scenarios 0.3-3.5 ms above what was measured (``docs/accuracy.md``, runs
-    54 and 55).
+    54 and 55). The app's own part of it, the loop's work before the span, is measured on its own.
     """
-    loop = {g: [_off_io_ms(r) for r in rs] for g, rs in measured.items()}
+    woke = all(r.loop_woke_ns is not None for rs in measured.values() for r in rs)
+    loop = {g: [_off_io_ms(r) + (_before_ms(r) if woke else 0.0) for r in rs] for g, rs in measured.items()}
     add_wake_profile(store, name, loop, note=note)
-    lines = [f"loop ({name}, without its io calls): " + ", ".join(
+    held = "without its io calls, with its reading of the request" if woke else "without its io calls"
+    lines = [f"loop ({name}, {held}): " + ", ".join(
         f"{np.median(x):.3f} ms at {g:g}" for g, x in sorted(loop.items()) if x)]
     starts: dict[str, list[int]] = {}
     for req in every:
@@ -203,6 +211,12 @@ def add_wake_profiles(
         lines.append(f"service {resource}: first call " + ", ".join(
             f"{np.median(by_gap[g][1]):.3f} ms after {level:g} ms idle" for g, level in zip(gaps, levels, strict=True)))
     return lines
+
+
+def _before_ms(req: Request) -> float:
+    """The loop's work on a request before its span started (ms): from the loop's last wake-up before it
+    (``Request.loop_woke_ns``) to the span's start, reading and parsing the request; 0 when not recorded."""
+    return max(req.start_ns - req.loop_woke_ns, 0) / 1e6 if req.loop_woke_ns is not None else 0.0
 
 
 def _off_io_ms(req: Request) -> float:

@@ -45,14 +45,15 @@ def _select(self: Any, timeout: float | None = None) -> Any:
         return _orig_select(self, timeout)
     finally:
         t1 = _time_ns()
-        if t1 - t0 >= MIN_IDLE_NS:
-            try:
+        try:
+            self._perfcast_woke = t1
+            if t1 - t0 >= MIN_IDLE_NS:
                 sleeps = self.__dict__.get("_perfcast_idle")
                 if sleeps is None:
                     sleeps = self._perfcast_idle = collections.deque(maxlen=_KEPT)
                 sleeps.append((t0, t1))
-            except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
-                _runtime.count_error("select")
+        except Exception:  # noqa: BLE001 - counted and reported, never raised into the app
+            _runtime.count_error("select")
 
 
 def install(hooked: bool = True) -> None:
@@ -93,18 +94,35 @@ def uninstall() -> None:
     _orig_select = None
 
 
-def sleeps_between(start_ns: int, end_ns: int) -> list[int] | None:
-    """The running loop's sleeps that overlap ``[start_ns, end_ns]`` (Unix ns), flattened as ``[start, end, ...]``
-    in time order and clipped to the interval; None when the loop's sleeps are not known (no hook, no loop, or
-    more sleeps since ``start_ns`` than are kept)."""
+def _kept_sleeps() -> Any:
+    """The running loop's kept sleeps (a deque of ``(start_ns, end_ns)``), ``()`` when it has none yet, None
+    when they are not recorded (no hook, no loop, a selector the hook does not time)."""
     if not _hooked:
         return None
     loop = _get_running_loop()
     selector = getattr(loop, "_selector", None) if loop is not None else None
     if selector is None or type(selector).select is not _select:
         return None
-    sleeps = selector.__dict__.get("_perfcast_idle")
+    return selector.__dict__.get("_perfcast_idle") or ()
+
+
+def last_woke() -> int | None:
+    """When the running loop's last ``select()`` that could block returned (Unix ns), however short it blocked:
+    the loop's work since then, up to now, is one turn of it, woken by what that call found. Asked as a request's
+    span starts, it dates the loop's reading and parsing of the request. None when not known."""
+    if _kept_sleeps() is None:
+        return None
+    return _get_running_loop()._selector.__dict__.get("_perfcast_woke")  # type: ignore[union-attr]
+
+
+def sleeps_between(start_ns: int, end_ns: int) -> list[int] | None:
+    """The running loop's sleeps that overlap ``[start_ns, end_ns]`` (Unix ns), flattened as ``[start, end, ...]``
+    in time order and clipped to the interval; None when the loop's sleeps are not known (no hook, no loop, or
+    more sleeps since ``start_ns`` than are kept)."""
+    sleeps = _kept_sleeps()
     if sleeps is None:
+        return None
+    if not sleeps:
         return []
     if len(sleeps) == sleeps.maxlen and sleeps[0][1] > start_ns:
         return None  # sleeps of the request's start were dropped: an incomplete list would read as busy

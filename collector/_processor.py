@@ -51,6 +51,9 @@ class CausalSpanProcessor(SpanProcessor):
                 if span.kind is SpanKind.SERVER:
                     extra[A.KIND] = "request"
                     extra[A.ROUTE] = span.name
+                    woke = _idle.last_woke()
+                    if woke is not None:
+                        extra[A.LOOP_WOKE_NS] = woke
             elif role is not None:
                 if role == "sqlite" and _io._get_running_loop() is not None:
                     kind = extra[A.KIND] = "blocking"

@@ -45,6 +45,11 @@ LOOP_IDLE_NS: Final = "perfcast.loop.idle_ns"
 ``[start, end, start, end, ...]`` in Unix ns, in time order; absent when not recorded. Between two sleeps the
 loop was busy: task steps, and callbacks outside any step (the client libraries' read callbacks)."""
 
+LOOP_WOKE_NS: Final = "perfcast.loop.woke_ns"
+"""int: when the event loop's last ``select()`` that could block returned before the request span started
+(Unix ns), however short it blocked: from then to the span's start the loop read and parsed the request, work no
+span of the request holds (``analyzer.wakeup`` prices a wake-up with it). Absent when not recorded."""
+
 # --- task chunk spans ---------------------------------------------------------------------------------------
 TASK_PARENT_ID: Final = "perfcast.task.parent_id"
 """int: id of the task that created this one; -1 when created outside any task."""

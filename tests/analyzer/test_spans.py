@@ -189,3 +189,18 @@ def test_the_loops_sleeps_are_read_and_a_bad_list_is_named(tmp_path: Path) -> No
     assert second.loop_idle is None  # kept, without them
     [problem] = got.problems
     assert A.LOOP_IDLE_NS in problem and "3 values" in problem and "s.jsonl:2:" in problem
+
+
+def test_the_loops_wake_up_before_a_request_is_read_and_one_after_its_start_is_named(tmp_path: Path) -> None:
+    good = gather_request()
+    good.spans_[0] = dataclasses.replace(good.spans_[0], attributes={
+        **good.spans_[0].attributes, A.LOOP_WOKE_NS: good.spans_[0].start_ns - ns(0.4)})
+    bad = gather_request(shift=30)
+    bad.spans_[0] = dataclasses.replace(bad.spans_[0], attributes={
+        **bad.spans_[0].attributes, A.LOOP_WOKE_NS: bad.spans_[0].start_ns + 1})
+    got = read_spans(write(tmp_path / "s.jsonl", good, bad))
+    first, second = got.requests
+    assert first.loop_woke_ns == first.start_ns - ns(0.4)
+    assert second.loop_woke_ns is None  # kept, without it
+    [problem] = got.problems
+    assert A.LOOP_WOKE_NS in problem and "after the request started" in problem and "s.jsonl:2:" in problem

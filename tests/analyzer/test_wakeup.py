@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -188,6 +189,29 @@ def test_add_wake_profiles_keeps_the_loop_and_each_service_apart(tmp_path: Path)
         # Redis was only called back to back: one level, no profile, and the reason is given
         assert any(line.startswith("service redis://127.0.0.1:6379/0: no profile") for line in lines)
         assert {k.api for k in s.keys()} == {WAKE_API, SERVICE_WAKE_API}
+
+
+def test_the_loops_profile_holds_its_reading_of_the_request_where_every_request_recorded_it(tmp_path: Path) -> None:
+    # Loop work off the io calls: 1.0 ms back to back, 1.1 after 20 ms. The loop woke 0.3 ms before the span back
+    # to back and 0.6 ms before it after a pause: the parsing of the request ran colder too.
+    def page(trace: str, t: float, slow: float, before: float | None) -> Request:
+        r = _request(trace, t, t + 2.0 + slow, [(t + 0.5, t + 1.5, PG_URL)])
+        return replace(r, loop_woke_ns=None if before is None else r.start_ns - int(before * 1e6))
+
+    back = [page("r1", 2.0, 0.0, 0.3), page("r2", 4.0, 0.0, 0.3)]
+    paused = [page("r3", 26.0, 0.1, 0.6), page("r4", 48.0, 0.1, 0.6)]
+    with ProfileStore(tmp_path / "p.db") as s:
+        lines = add_wake_profiles(s, "forum GET /post/{id}", {0.0: back, 20.0: paused}, back + paused)
+        loop = wake_profile(s)
+        assert loop is not None and loop.at(20.0, 0.5) == pytest.approx(0.1 + 0.3, abs=1e-5)
+        assert loop.span_ms == pytest.approx(1.3, abs=1e-5)  # the work the extra was measured on, parsing included
+        assert "with its reading of the request" in lines[0]
+    # one request without it: none counts it, or the levels would compare different work
+    paused[1] = replace(paused[1], loop_woke_ns=None)
+    with ProfileStore(tmp_path / "q.db") as s:
+        add_wake_profiles(s, "forum GET /post/{id}", {0.0: back, 20.0: paused}, back + paused)
+        loop = wake_profile(s)
+        assert loop is not None and loop.at(20.0, 0.5) == pytest.approx(0.1, abs=1e-5)
 
 
 def service_store(path: Path, resource: str, levels: dict[float, float]) -> ProfileStore:

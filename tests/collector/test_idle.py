@@ -27,6 +27,19 @@ async def test_sleeps_cover_the_loops_pauses_and_not_its_work(collected) -> None
         assert not any(busy_end - 2_500_000 < b <= busy_end for _, b in sleeps)
 
 
+async def test_the_loops_last_wake_up_is_when_its_last_select_returned(collected) -> None:
+    await asyncio.sleep(0.005)
+    resumed = time.time_ns()  # the loop woke from that sleep just before this step resumed
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.003:  # busy: no select() in here
+        pass
+    woke = _idle.last_woke()
+    assert woke is not None and woke <= resumed and resumed - woke < 2_000_000
+    assert time.time_ns() - woke >= 3_000_000  # the busy 3 ms lie after it
+    await asyncio.sleep(0)  # a turn of the loop: its select() does not block (ready work), and is not a wake-up
+    assert _idle.last_woke() == woke
+
+
 async def test_a_window_whose_start_was_dropped_is_unknown(collected, monkeypatch) -> None:
     monkeypatch.setattr(_idle, "_KEPT", 3)
     t0 = time.time_ns()

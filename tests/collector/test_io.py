@@ -176,6 +176,7 @@ async def test_a_request_span_holds_the_loops_sleeps(collected, redis_url):
     marks: list[int] = []
     runner, port = await serve("/page", page)
     try:
+        await asyncio.sleep(0.005)  # the loop sleeps before the request: a wake-up to find before its span
         async with ClientSession() as session, session.get(f"http://127.0.0.1:{port}/page") as resp:
             assert await resp.text() == "ok"
     finally:
@@ -191,3 +192,5 @@ async def test_a_request_span_holds_the_loops_sleeps(collected, redis_url):
     assert slept > 0.8 * (marks[1] - marks[0])
     busy_from = marks[0] - 4_000_000
     assert not any(busy_from < b <= marks[0] for _, b in sleeps)
+    # the loop's last wake-up before the request: the end of a sleep, before the span started
+    assert request.start_time - 1_000_000_000 < request.attributes[A.LOOP_WOKE_NS] <= request.start_time
