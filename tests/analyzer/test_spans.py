@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from spanfactory import Trace, gather_request, ns, write
@@ -176,13 +177,19 @@ def test_io_span_naming_a_task_that_was_not_running_is_reattributed(tmp_path: Pa
     assert f"io span {sql.span_id}" in problem and "attributed to task 2 step 0" in problem
 
 
+def _good_and_bad(key: str, good: Any, bad: Any) -> tuple[Trace, Trace]:
+    """Two gather requests (the second 30 ms later) whose request spans carry ``key``: ``good(span)`` on the first,
+    ``bad(span)`` on the second."""
+    traces = gather_request(), gather_request(shift=30)
+    for trace, value in zip(traces, (good, bad), strict=True):
+        span = trace.spans_[0]
+        trace.spans_[0] = dataclasses.replace(span, attributes={**span.attributes, key: value(span)})
+    return traces
+
+
 def test_the_loops_sleeps_are_read_and_a_bad_list_is_named(tmp_path: Path) -> None:
-    good = gather_request()
-    good.spans_[0] = dataclasses.replace(good.spans_[0], attributes={
-        **good.spans_[0].attributes, A.LOOP_IDLE_NS: (ns(1.0), ns(1.5), ns(2.0), ns(2.2))})
-    bad = gather_request(shift=30)
-    bad.spans_[0] = dataclasses.replace(bad.spans_[0], attributes={
-        **bad.spans_[0].attributes, A.LOOP_IDLE_NS: (ns(31.0), ns(31.5), ns(32.0))})
+    good, bad = _good_and_bad(A.LOOP_IDLE_NS, lambda _: (ns(1.0), ns(1.5), ns(2.0), ns(2.2)),
+                              lambda _: (ns(31.0), ns(31.5), ns(32.0)))
     got = read_spans(write(tmp_path / "s.jsonl", good, bad))
     first, second = got.requests
     assert first.loop_idle == ((ns(1.0), ns(1.5)), (ns(2.0), ns(2.2)))
@@ -192,12 +199,7 @@ def test_the_loops_sleeps_are_read_and_a_bad_list_is_named(tmp_path: Path) -> No
 
 
 def test_the_loops_wake_up_before_a_request_is_read_and_one_after_its_start_is_named(tmp_path: Path) -> None:
-    good = gather_request()
-    good.spans_[0] = dataclasses.replace(good.spans_[0], attributes={
-        **good.spans_[0].attributes, A.LOOP_WOKE_NS: good.spans_[0].start_ns - ns(0.4)})
-    bad = gather_request(shift=30)
-    bad.spans_[0] = dataclasses.replace(bad.spans_[0], attributes={
-        **bad.spans_[0].attributes, A.LOOP_WOKE_NS: bad.spans_[0].start_ns + 1})
+    good, bad = _good_and_bad(A.LOOP_WOKE_NS, lambda span: span.start_ns - ns(0.4), lambda span: span.start_ns + 1)
     got = read_spans(write(tmp_path / "s.jsonl", good, bad))
     first, second = got.requests
     assert first.loop_woke_ns == first.start_ns - ns(0.4)
