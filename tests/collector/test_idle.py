@@ -2,6 +2,7 @@
 
 import asyncio
 import selectors
+import socket
 import time
 
 import collector
@@ -38,6 +39,55 @@ async def test_the_loops_last_wake_up_is_when_its_last_select_returned(collected
     assert time.time_ns() - woke >= 3_000_000  # the busy 3 ms lie after it
     await asyncio.sleep(0)  # a turn of the loop: its select() does not block (ready work), and is not a wake-up
     assert _idle.last_woke() == woke
+
+
+async def test_a_select_that_finds_an_answer_waiting_is_not_a_sleep(collected, monkeypatch) -> None:
+    # On a busy machine a select() that returns at once can take tens of us (the GIL taken back): made slow here
+    real = _idle._orig_select
+
+    def slow(self, timeout=None):
+        got = real(self, timeout)
+        time.sleep(0.0001)
+        return got
+
+    monkeypatch.setattr(_idle, "_orig_select", slow)
+    loop = asyncio.get_running_loop()
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    got: asyncio.Future[int] = loop.create_future()
+    loop.add_reader(a, lambda: got.done() or got.set_result(time.time_ns()))
+    try:
+        await asyncio.sleep(0.003)  # nothing to read: the loop sleeps, and that is kept
+        sent = time.time_ns()
+        b.send(b"x")  # the answer is in before the loop selects again
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.002:
+            pass
+        read = await got
+        assert _idle.sleeps_between(sent, read) == []
+        flat = _idle.sleeps_between(sent - 3_000_000, sent)
+        assert flat and flat[-1] - flat[0] > 1_000_000
+    finally:
+        loop.remove_reader(a)
+        a.close()
+        b.close()
+
+
+async def test_the_poll_before_a_sleep_does_not_delay_the_loops_timer(collected, monkeypatch) -> None:
+    real = _idle._orig_select
+    waits: list[float] = []
+
+    def slow_poll(self, timeout=None):
+        if timeout == 0:
+            time.sleep(0.005)
+        else:
+            waits.append(timeout)
+        return real(self, timeout)
+
+    monkeypatch.setattr(_idle, "_orig_select", slow_poll)
+    await asyncio.sleep(0.02)
+    # the loop asked to wait about 20 ms for its timer; after the 5 ms poll the hook waits only the rest
+    assert waits and 0.010 < max(waits) < 0.0165
 
 
 async def test_a_window_whose_start_was_dropped_is_unknown(collected, monkeypatch) -> None:
