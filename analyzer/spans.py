@@ -203,8 +203,8 @@ class Request:
     """When the event loop slept during the request, ``(start_ns, end_ns)`` in time order; None when not
     recorded (``perfcast.loop.idle_ns``)."""
     loop_woke_ns: int | None = None
-    """When the event loop last woke from a sleep before the request started (its reading and parsing of the
-    request lie between); None when not recorded (``perfcast.loop.woke_ns``)."""
+    """When the event loop's last ``select()`` that could block returned before the request started (its reading
+    and parsing of the request lie between); None when not recorded (``perfcast.loop.woke_ns``)."""
 
     @property
     def latency_ms(self) -> float:

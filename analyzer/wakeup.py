@@ -214,8 +214,9 @@ def add_wake_profiles(
 
 
 def _before_ms(req: Request) -> float:
-    """The loop's work on a request before its span started (ms): from the loop's last wake-up before it
-    (``Request.loop_woke_ns``) to the span's start, reading and parsing the request; 0 when not recorded."""
+    """The loop's work on a request before its span started (ms): from the return of the loop's last ``select()``
+    that could block (``Request.loop_woke_ns``) to the span's start, reading and parsing the request; 0 when not
+    recorded."""
     return max(req.start_ns - req.loop_woke_ns, 0) / 1e6 if req.loop_woke_ns is not None else 0.0
 
 

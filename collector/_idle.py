@@ -38,6 +38,9 @@ _orig_select: Any = None
 _own_select: Any = None
 """The class's own ``select`` attribute before the hook (None: it inherited one)."""
 _hooked = False
+_generation = 0
+"""Counts the times the hook was put in place: a wake-up timed before the request sampler last took the hook out
+(``_perfcast_woke`` is kept per selector) is stale."""
 
 
 def _select(self: Any, timeout: float | None = None) -> Any:
@@ -60,7 +63,7 @@ def _select(self: Any, timeout: float | None = None) -> Any:
     finally:
         t1 = _time_ns()
         try:
-            self._perfcast_woke = t1
+            self._perfcast_woke = (_generation, t1)
             if slept and t1 - t0 >= MIN_IDLE_NS:
                 sleeps = self.__dict__.get("_perfcast_idle")
                 if sleeps is None:
@@ -82,9 +85,10 @@ def install(hooked: bool = True) -> None:
 
 def hook() -> None:
     """Put the hook in place (a class attribute of the selector, swapped by the request sampler too)."""
-    global _hooked
+    global _hooked, _generation
     if _orig_select is None or _hooked:
         return
+    _generation += 1
     _selector_class.select = _select
     _hooked = True
 
@@ -126,7 +130,8 @@ def last_woke() -> int | None:
     span starts, it dates the loop's reading and parsing of the request. None when not known."""
     if _kept_sleeps() is None:
         return None
-    return _get_running_loop()._selector.__dict__.get("_perfcast_woke")  # type: ignore[union-attr]
+    woke = _get_running_loop()._selector.__dict__.get("_perfcast_woke")  # type: ignore[union-attr]
+    return woke[1] if woke is not None and woke[0] == _generation else None
 
 
 def sleeps_between(start_ns: int, end_ns: int) -> list[int] | None:

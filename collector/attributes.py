@@ -41,9 +41,9 @@ ROUTE: Final = "perfcast.route"
 """str: the request kind, ``METHOD /route/{template}`` (e.g. ``GET /post/{id}``), never the raw path."""
 
 LOOP_IDLE_NS: Final = "perfcast.loop.idle_ns"
-"""int[]: when the event loop slept (blocked in ``select()`` for at least 20 us, nothing ready) during the request, as
-``[start, end, start, end, ...]`` in Unix ns, in time order; absent when not recorded. Between two sleeps the
-loop was busy: task steps, and callbacks outside any step (the client libraries' read callbacks)."""
+"""int[]: when the event loop slept (blocked in ``select()`` for at least 20 us, nothing being ready) during the
+request, as ``[start, end, start, end, ...]`` in Unix ns, in time order; absent when not recorded. Between two
+sleeps the loop was busy: task steps, and callbacks outside any step (the client libraries' read callbacks)."""
 
 LOOP_WOKE_NS: Final = "perfcast.loop.woke_ns"
 """int: when the event loop's last ``select()`` that could block returned before the request span started

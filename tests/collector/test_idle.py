@@ -39,6 +39,9 @@ async def test_the_loops_last_wake_up_is_when_its_last_select_returned(collected
     assert time.time_ns() - woke >= 3_000_000  # the busy 3 ms lie after it
     await asyncio.sleep(0)  # a turn of the loop: its select() does not block (ready work), and is not a wake-up
     assert _idle.last_woke() == woke
+    _idle.unhook()  # the request sampler takes the hook out between its windows: a wake-up from before is stale
+    _idle.hook()
+    assert _idle.last_woke() is None
 
 
 async def test_a_select_that_finds_an_answer_waiting_is_not_a_sleep(collected, monkeypatch) -> None:
