@@ -112,25 +112,24 @@ def uninstall() -> None:
     _orig_select = None
 
 
-def _kept_sleeps() -> Any:
-    """The running loop's kept sleeps (a deque of ``(start_ns, end_ns)``), ``()`` when it has none yet, None
-    when they are not recorded (no hook, no loop, a selector the hook does not time)."""
+def _timed_selector() -> Any:
+    """The running loop's selector when the hook times it; None otherwise (no hook, no loop, a selector of a
+    class the hook does not wrap)."""
     if not _hooked:
         return None
     loop = _get_running_loop()
     selector = getattr(loop, "_selector", None) if loop is not None else None
     if selector is None or type(selector).select is not _select:
         return None
-    return selector.__dict__.get("_perfcast_idle") or ()
+    return selector
 
 
 def last_woke() -> int | None:
     """When the running loop's last ``select()`` that could block returned (Unix ns), however short it blocked:
     the loop's work since then, up to now, is one turn of it, woken by what that call found. Asked as a request's
     span starts, it dates the loop's reading and parsing of the request. None when not known."""
-    if _kept_sleeps() is None:
-        return None
-    woke = _get_running_loop()._selector.__dict__.get("_perfcast_woke")  # type: ignore[union-attr]
+    selector = _timed_selector()
+    woke = selector.__dict__.get("_perfcast_woke") if selector is not None else None
     return woke[1] if woke is not None and woke[0] == _generation else None
 
 
@@ -138,9 +137,10 @@ def sleeps_between(start_ns: int, end_ns: int) -> list[int] | None:
     """The running loop's sleeps that overlap ``[start_ns, end_ns]`` (Unix ns), flattened as ``[start, end, ...]``
     in time order and clipped to the interval; None when the loop's sleeps are not known (no hook, no loop, or
     more sleeps since ``start_ns`` than are kept)."""
-    sleeps = _kept_sleeps()
-    if sleeps is None:
+    selector = _timed_selector()
+    if selector is None:
         return None
+    sleeps = selector.__dict__.get("_perfcast_idle")
     if not sleeps:
         return []
     if len(sleeps) == sleeps.maxlen and sleeps[0][1] > start_ns:
