@@ -65,6 +65,7 @@ __all__ = [
     "WakeProfile",
     "add_wake_profile",
     "add_wake_profiles",
+    "monotone_extra",
     "service_profile_for",
     "service_wake_profiles",
     "wake_profile",
@@ -283,12 +284,40 @@ def _stored_levels(store: Any, api: str) -> dict[tuple[str, tuple[tuple[str, str
     return {k: sorted(v) for k, v in sorted(levels.items())}
 
 
+def monotone_extra(extra: FloatArray) -> FloatArray:
+    """``extra`` (``(m, k)``: what each of ``m`` increasing idle gaps adds at each of ``k`` quantiles, row 0 the
+    reference, all zeros) made what a wake-up can be: never below nothing, and no smaller after a longer gap.
+
+    Each column is fitted by isotonic regression over the gaps (the pool-adjacent-violators algorithm,
+    ``scipy.optimize.isotonic_regression``; R. E. Barlow et al., *Statistical Inference under Order
+    Restrictions*, Wiley, 1972), the reference row held at 0, and what is left below 0 is set to 0. Measured
+    on a page of 13 ms of loop work whose latency drifts by a few ms, the raw differences of quantiles went
+    -0.53, -0.21, -0.02, -0.05, +0.39, +0.31 ms from 1 to 40 ms: a pause does not speed the work after it up,
+    and the simulation compounds what a profile says over each wait of a request.
+
+    >>> monotone_extra(np.array([[0.0], [-0.53], [-0.21], [-0.02], [-0.05], [0.39], [0.31]])).ravel().tolist()
+    [0.0, 0.0, 0.0, 0.0, 0.0, 0.35, 0.35]
+    """
+    from scipy.optimize import isotonic_regression
+
+    out = np.array(extra, dtype=np.float64)
+    m = out.shape[0]
+    if m < 2:
+        return np.zeros_like(out)
+    weights = np.ones(m)
+    weights[0] = 1e9  # the reference gap adds nothing, by definition
+    for col in range(out.shape[1]):
+        out[:, col] = isotonic_regression(out[:, col], weights=weights).x
+    out[0] = 0.0
+    return np.maximum(out, 0.0)
+
+
 def _stored(store: Any, api: str, resource: str, labels: tuple[tuple[str, str], ...], levels: Sequence[float],
             what: str) -> WakeProfile:
     """The profile of ``resource`` at ``levels`` (sorted): each level's quantiles less the first level's, spread
     over the first level's median (the work they were measured on); ``what`` begins its ``how``."""
     grid = (np.arange(_GRID) + 0.5) / _GRID
     q = [np.quantile(store.select(api, resource, dict(labels), "idle_ms", v).samples_ms, grid) for v in levels]
-    return WakeProfile(np.asarray(levels, dtype=np.float64), np.vstack([row - q[0] for row in q]),
+    return WakeProfile(np.asarray(levels, dtype=np.float64), monotone_extra(np.vstack([row - q[0] for row in q])),
                        f"{what}at idle {', '.join(f'{v:g}' for v in levels)} ms", max(float(q[0][_GRID // 2]), 1e-3),
                        resource)
