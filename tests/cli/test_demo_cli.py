@@ -58,6 +58,9 @@ def test_quick_run_predicts_and_measures_location_and_load(tmp_path: Path) -> No
     assert 1.0 in IDLE_MS and 2.0 in IDLE_MS  # a short gap's cost is measured, not interpolated up to 5 ms
     doc = json.loads(result.predictions.read_text())
     assert [s["name"] for s in doc["scenarios"]] == ["location:blob=+20ms", "load:4?mix.GET /=1&mix.GET /post/{id}=1"]
+    # the load scenario takes the same profile: the wake-ups a busy loop does not pay, as the benchmark predicts it
+    for scenario in doc["scenarios"]:
+        assert all(any(n.startswith("wake-up: ") for n in p["notes"]) for p in scenario["predictions"]), scenario["name"]
 
     for words in ("1. collect", "2. causal graphs", "self-check", "location:blob=+20ms", "wake-up profile", "load:4", "KS D",
                   "median dev", str(result.graphs), "perfcast whatif"):
