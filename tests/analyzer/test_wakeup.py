@@ -18,6 +18,7 @@ from analyzer.wakeup import (
     WakeProfile,
     add_wake_profile,
     add_wake_profiles,
+    monotone_extra,
     service_profile_for,
     service_wake_profiles,
     wake_profile,
@@ -266,6 +267,19 @@ def test_a_pause_is_never_a_credit_nor_a_longer_one_cheaper(tmp_path: Path) -> N
     assert [p.at(g, 0.5) for g in (5.0, 7.5)] == [0.0, pytest.approx(0.25)]
     assert p.at(10.0, 0.5) == pytest.approx(0.5) and p.at(20.0, 0.5) == pytest.approx(0.5)
     assert (p.extra_ms >= 0).all() and (np.diff(p.extra_ms, axis=0) >= -1e-12).all()
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3, 7, 12])
+def test_monotone_extra_is_each_columns_isotonic_fit_held_at_or_above_0(levels: int) -> None:
+    from scipy.optimize import isotonic_regression
+
+    x = np.random.default_rng(levels).normal(0.0, 0.3, (levels, 200))
+    x[0] = 0.0
+    expected = np.zeros_like(x)
+    for col in range(x.shape[1]):
+        if levels > 1:
+            expected[1:, col] = np.maximum(isotonic_regression(x[1:, col]).x, 0.0)
+    np.testing.assert_allclose(monotone_extra(x), expected, atol=1e-12)
 
 
 def test_doctests() -> None:
