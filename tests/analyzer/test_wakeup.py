@@ -280,12 +280,3 @@ def test_monotone_extra_is_each_columns_isotonic_fit_held_at_or_above_0(levels: 
         if levels > 1:
             expected[1:, col] = np.maximum(isotonic_regression(x[1:, col]).x, 0.0)
     np.testing.assert_allclose(monotone_extra(x), expected, atol=1e-12)
-
-
-def test_doctests() -> None:
-    import doctest
-
-    import analyzer.wakeup
-
-    result = doctest.testmod(analyzer.wakeup)
-    assert result.attempted >= 3 and result.failed == 0
