@@ -9,7 +9,11 @@ loopback traffic alone, and the proxy runs anywhere without privileges.
 
 Each direction of each connection has a reader thread and a releasing thread that sleeps until each chunk is
 due with ``time.sleep`` (sub-millisecond precision): an event loop's timers round every wait up to the next
-millisecond (epoll's resolution), which added about 1 ms per round trip on top of the asked delay.
+millisecond (epoll's resolution), which added about 1 ms per round trip on top of the asked delay. A chunk is
+due half the delay after the kernel received it (its ``SO_TIMESTAMPNS`` receive time), not after the reader
+thread read it: the reader sleeps in ``recv`` while no data comes, and its wake-up after a long wait is slower
+than after a short one (the answer direction waits half the delay longer for each answer when the delay is
+on), which a wire does not add.
 
 ``delay_ms`` can be changed while the proxy runs: each chunk takes the delay in force when it arrives, so a
 ground truth can switch a scenario on and off in one deployment, its connections left open (pooled database
@@ -24,6 +28,8 @@ from __future__ import annotations
 import itertools
 import queue
 import socket
+import struct
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -189,14 +195,15 @@ class LatencyProxy:
         chunks: queue.SimpleQueue[tuple[float, float, bytes]] = queue.SimpleQueue()
         releaser = threading.Thread(target=self._release, args=(chunks, dst, self._overshoot_s), daemon=True)
         releaser.start()
+        stamped = _stamp_arrivals(src)
         try:
             while True:
                 try:
-                    chunk = src.recv(65536)
+                    chunk, arrived = _receive(src, stamped)
                 except OSError:
-                    chunk = b""
+                    chunk, arrived = b"", time.monotonic()
                 delay_s = self.delay_ms / 2000.0
-                chunks.put((time.monotonic() + delay_s, delay_s, chunk))
+                chunks.put((arrived + delay_s, delay_s, chunk))
                 if not chunk:
                     break
         finally:
@@ -243,3 +250,36 @@ def _sleep_overshoot_s(trials: int = 15) -> float:
         late.append(time.monotonic() - start - 0.002)
     late.sort()
     return max(late[len(late) // 2], 0.0)
+
+
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+"""Linux's ``SO_TIMESTAMPNS`` (and its control message's type), which the socket module does not export: the
+kernel's receive time of the data, a ``struct timespec`` of ``CLOCK_REALTIME``, also for TCP."""
+
+_TIMESPEC = struct.Struct("@qq")
+_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size)
+
+
+def _stamp_arrivals(sock: socket.socket) -> bool:
+    """Ask the kernel for the receive time of what ``sock`` reads; False where it cannot give it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+def _receive(sock: socket.socket, stamped: bool) -> tuple[bytes, float]:
+    """Up to 64 KiB from ``sock`` and when it arrived, on the ``time.monotonic`` clock: the kernel's receive time
+    of its last segment where ``stamped`` (never after now), else now."""
+    if not stamped:
+        return sock.recv(65536), time.monotonic()
+    chunk, ancillary, _, _ = sock.recvmsg(65536, _ANCILLARY)
+    now_mono, now_real = time.monotonic(), time.time()
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return chunk, now_mono - min(max(now_real - (sec + nsec / 1e9), 0.0), 1.0)
+    return chunk, now_mono

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import sys
 import time
 
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from replayer.proxy import LatencyProxy, Upstream
+from replayer.proxy import LatencyProxy, Upstream, _receive, _stamp_arrivals
 
 
 async def _echo_server() -> asyncio.Server:
@@ -59,6 +61,26 @@ async def test_applied_delay_is_the_delay_the_round_trips_really_gained() -> Non
     assert applied != 10 and applied > 9.5  # measured: the threads wake a little late, never much early
     # the round trips gained what the proxy says it added, to within the client's own timing noise
     assert abs((per_trip - base) * 1000 - applied) < 1.0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
+def test_a_chunk_is_timed_from_when_the_kernel_received_it_not_from_when_it_was_read() -> None:
+    # a reader thread that wakes late must not lengthen the delay: the chunk is due from its arrival
+    listener = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(listener.getsockname())
+    receiver, _ = listener.accept()
+    with listener, sender, receiver:
+        assert _stamp_arrivals(receiver)
+        sender.sendall(b"ping")
+        time.sleep(0.05)  # the reader is late by 50 ms
+        chunk, arrived = _receive(receiver, True)
+        late = time.monotonic() - arrived
+        sender.sendall(b"pong")
+        time.sleep(0.001)
+        unstamped, read_at = _receive(receiver, False)
+    assert chunk == b"ping" and unstamped == b"pong"
+    assert 0.045 < late < 1.0
+    assert time.monotonic() - read_at < 0.045  # without the stamp: the time it was read
 
 
 async def test_delay_switched_on_and_off_on_an_open_connection() -> None:
