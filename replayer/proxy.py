@@ -273,7 +273,9 @@ def _stamp_arrivals(sock: socket.socket) -> bool:
 
 def _receive(sock: socket.socket, stamped: bool) -> tuple[bytes, float]:
     """Up to 64 KiB from ``sock`` and when it arrived, on the ``time.monotonic`` clock: the kernel's receive time
-    of its last segment where ``stamped`` (never after now), else now."""
+    of its last segment where ``stamped`` and the kernel stamped it (never after now), else now. Linux turns
+    receive timestamps on for the whole stack in deferred work after the first socket asks, so the first chunks
+    of a proxy started alone may come unstamped."""
     if not stamped:
         return sock.recv(65536), time.monotonic()
     chunk, ancillary, _, _ = sock.recvmsg(65536, _ANCILLARY)

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from replayer.proxy import LatencyProxy, Upstream, _receive, _stamp_arrivals
+from replayer.proxy import _ANCILLARY, LatencyProxy, Upstream, _receive, _stamp_arrivals
 
 
 async def _echo_server() -> asyncio.Server:
@@ -71,6 +71,14 @@ def test_a_chunk_is_timed_from_when_the_kernel_received_it_not_from_when_it_was_
     receiver, _ = listener.accept()
     with listener, sender, receiver:
         assert _stamp_arrivals(receiver)
+        # Linux turns receive timestamps on for the whole stack in a deferred work item: until it has run, data
+        # comes unstamped (the proxy then takes the time it read it), so wait for a stamped probe first
+        for _ in range(200):
+            sender.sendall(b"probe")
+            _, ancillary, _, _ = receiver.recvmsg(64, _ANCILLARY)
+            if ancillary:
+                break
+            time.sleep(0.01)
         sender.sendall(b"ping")
         time.sleep(0.05)  # the reader is late by 50 ms
         chunk, arrived = _receive(receiver, True)
