@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from contextlib import ExitStack
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -164,51 +165,50 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     rng = np.random.default_rng(seed)
     outcomes, whatif_doc, measured_doc = [], [], []
     wake = None  # the wake-up profile, measured for the location case and kept for the load case (its credit)
-    for name, spec, n_users, what in cases:
-        console.rule(f"[bold]3. what if[/] {spec}")
-        console.print(f"  {what}", highlight=False)
-        model, collected, loaded = graphs, True, []
-        if n_users > 1:
-            step(f"the app without the collector, one user and {n_users} users taking turns: the light runs for "
-                 "its CPU and latency, the loaded ones to compare with")
-            lights, loaded = measure_loaded(setup, Applied(), users=n_users,
-                                            requests=max(requests // 2, 8 * n_users),
-                                            light_requests=max(requests // 2, 1), blocks=2, warmup_requests=warmup,
-                                            on_step=lambda text: None if text.startswith("block ") else step(text),
-                                            log_dir=out / "logs")
-            loop_ms, preempted_ms, without = pooled_light(lights)
-            model, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
-                                           preempted_ms=preempted_ms)
-            step(calibration.describe())
-            collected = False
-        if name == "location":
-            wake = _wake_profile(setup, out, quick, step)
-        # under load the same profile says what the loop's wake-ups at one user cost, which a busy loop does not
-        # pay (analyzer.loadsim.simulate_scenario), as the accuracy benchmark predicts its load case
-        step("predicting from the baseline's graphs" + (" and the wake-up profile" if wake else ""))
-        preds = predict(model, spec, wake, samples, rng)
-        truths = located if name == "location" else loaded
-        rows = []
-        for p in preds:
-            got = [x for t in truths for x in t.latencies(p.route)]
-            if not got:
-                continue
-            m = np.asarray(got, dtype=np.float64)
-            dev = cdf_deviation(p.predicted.samples_ms, m)
-            rows.append(RouteComparison(
-                p.route, p.baseline.summary(), p.predicted.summary(),
-                {"p50": float(np.quantile(m, 0.5)), "p90": float(np.quantile(m, 0.9)),
-                 "p99": float(np.quantile(m, 0.99)), "mean": float(m.mean()), "count": float(m.size)},
-                dev.max, dev.median))
-            measured_doc.append({"scenario": spec, "route": p.route, "side": "server" if collected else "client",
-                                 "samples_ms": m.round(4).tolist()})
-        whatif_doc.append({"name": spec, "predictions": [p.to_json() for p in preds]})
-        outcome = ScenarioOutcome(name, spec, tuple(rows))
-        _print_outcome(console, outcome)
-        outcomes.append(outcome)
+    with ExitStack() as held:  # the profile store is closed however the cases end
+        for name, spec, n_users, what in cases:
+            console.rule(f"[bold]3. what if[/] {spec}")
+            console.print(f"  {what}", highlight=False)
+            model, collected, loaded = graphs, True, []
+            if n_users > 1:
+                step(f"the app without the collector, one user and {n_users} users taking turns: the light runs for "
+                     "its CPU and latency, the loaded ones to compare with")
+                lights, loaded = measure_loaded(setup, Applied(), users=n_users,
+                                                requests=max(requests // 2, 8 * n_users),
+                                                light_requests=max(requests // 2, 1), blocks=2, warmup_requests=warmup,
+                                                on_step=lambda text: None if text.startswith("block ") else step(text),
+                                                log_dir=out / "logs")
+                loop_ms, preempted_ms, without = pooled_light(lights)
+                model, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
+                                               preempted_ms=preempted_ms)
+                step(calibration.describe())
+                collected = False
+            if name == "location":
+                wake = held.enter_context(_wake_profile(setup, out, quick, step))
+            # under load the same profile says what the loop's wake-ups at one user cost, which a busy loop does not
+            # pay (analyzer.loadsim.simulate_scenario), as the accuracy benchmark predicts its load case
+            step("predicting from the baseline's graphs" + (" and the wake-up profile" if wake else ""))
+            preds = predict(model, spec, wake, samples, rng)
+            truths = located if name == "location" else loaded
+            rows = []
+            for p in preds:
+                got = [x for t in truths for x in t.latencies(p.route)]
+                if not got:
+                    continue
+                m = np.asarray(got, dtype=np.float64)
+                dev = cdf_deviation(p.predicted.samples_ms, m)
+                rows.append(RouteComparison(
+                    p.route, p.baseline.summary(), p.predicted.summary(),
+                    {"p50": float(np.quantile(m, 0.5)), "p90": float(np.quantile(m, 0.9)),
+                     "p99": float(np.quantile(m, 0.99)), "mean": float(m.mean()), "count": float(m.size)},
+                    dev.max, dev.median))
+                measured_doc.append({"scenario": spec, "route": p.route, "side": "server" if collected else "client",
+                                     "samples_ms": m.round(4).tolist()})
+            whatif_doc.append({"name": spec, "predictions": [p.to_json() for p in preds]})
+            outcome = ScenarioOutcome(name, spec, tuple(rows))
+            _print_outcome(console, outcome)
+            outcomes.append(outcome)
 
-    if wake is not None:
-        wake.close()
     predictions = out / "predictions.json"
     predictions.write_text(json.dumps({"format": "perfcast-whatif/1", "graphs": str(graphs_file),
                                        "samples": samples, "seed": seed, "scenarios": whatif_doc}))
