@@ -256,6 +256,9 @@ _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 """Linux's ``SO_TIMESTAMPNS`` (and its control message's type), which the socket module does not export: the
 kernel's receive time of the data, a ``struct timespec`` of ``CLOCK_REALTIME``, also for TCP."""
 
+_READ_BYTES = 65536
+"""The most one read takes from a socket."""
+
 _TIMESPEC = struct.Struct("@qq")
 _ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size)
 
@@ -277,8 +280,8 @@ def _receive(sock: socket.socket, stamped: bool) -> tuple[bytes, float]:
     receive timestamps on for the whole stack in deferred work after the first socket asks, so the first chunks
     of a proxy started alone may come unstamped."""
     if not stamped:
-        return sock.recv(65536), time.monotonic()
-    chunk, ancillary, _, _ = sock.recvmsg(65536, _ANCILLARY)
+        return sock.recv(_READ_BYTES), time.monotonic()
+    chunk, ancillary, _, _ = sock.recvmsg(_READ_BYTES, _ANCILLARY)
     now_mono, now_real = time.monotonic(), time.time()
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
