@@ -96,8 +96,7 @@ from analyzer.wakeup import (
     WakeProfile,
     service_profile_for,
     service_wake_profiles,
-    wake_profile_for,
-    wake_profiles,
+    wake_profile,
 )
 
 if TYPE_CHECKING:
@@ -521,26 +520,17 @@ def simulate_scenario(
     load = scenario.load
     gaps_change = (scenario.changes_calls or (load is not None and load.users > 1)
                    or any(isinstance(c, Failure) for c in scenario.changes))
-    profiles = wake_profiles(store) if store is not None and gaps_change else []
+    profile = wake_profile(store) if store is not None and gaps_change else None
     services = service_wake_profiles(store) if store is not None and gaps_change else {}
     neighbour, how = _neighbour(scenario, store)
     as_change = recorded is not None and at_recorded_load(scenario, graphs)
-    if not profiles and not services and not as_change:
+    if profile is None and not services and not as_change:
         latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, neighbour=neighbour)
         return latencies, notes + how
-    if profiles and (load is not None and load.users > 1 or any(isinstance(c, Failure) for c in scenario.changes)):
-        # Under load the charge is a credit: what the recorded gaps cost, which a busy loop no longer pays. Priced
-        # by each route's own profile, the index page's credit grew fivefold (its 10.7 ms of loop work, every
-        # piece a few ms of waiting after the last, all priced cold) and took the load case's index page from
-        # 12.6 to 39.9 ms below the measurement and the failure case's from 7.8 to 19.1 (docs/accuracy.md, run
-        # 75), where the loop's demand in fact rose under load. Until demands are measured at several loads, the
-        # credit keeps the one profile measured on the least work, whose extra falls on the first steps after
-        # a gap, for every route.
-        kinds = [min(profiles, key=lambda p: p.span_ms)] * len(graphs)
-    else:
-        # each request kind's loop work priced by its own route's profile where the store has one
-        kinds = [wake_profile_for(g.route, profiles) for g in graphs]
-    cost = _WakeCost(kinds, int(rng.integers(2**62)), services)
+    spread = "" if profile is None else (
+        f"the first {profile.span_ms:.2g} ms of loop work (the work the profile's extra was measured on: its "
+        "requests' median back to back)")
+    cost = _WakeCost(profile, spread, int(rng.integers(2**62)), services)
     # Both passes draw the same sequence of requests (at one user, the same one after the other), so that a
     # piece of work is charged beyond what the same piece was charged after the same predecessor: with
     # sequences of their own, the idle before a post page (after an index page's leftovers, or not) differed
@@ -637,11 +627,9 @@ class _WakeCost:
 
     A gap's extra (:meth:`WakeProfile.at`) is spread over the first ``span_ms`` of loop work after it, the work
     the profile's requests did (a short step after a gap runs slow, but does not pay for a whole request's
-    warm-up), from the profile of the route of the request whose work ends the gap (``profiles[k]`` for
-    workload ``k``: :func:`~analyzer.wakeup.wake_profile_for`). A gap that comes before that work is done is priced together with the idle still behind it (the
+    warm-up). A gap that comes before that work is done is priced together with the idle still behind it (the
     earlier gap, in the share of its cold work left): a host idle for 10 ms, awake for 0.2 ms and idle for 10 ms
-    again is about as cold as after one 20 ms spell; a gap that ends in another route's work, priced by another
-    profile, starts a spell of its own. The quantile of each gap is a hash of the work that ends it
+    again is about as cold as after one 20 ms spell. The quantile of each gap is a hash of the work that ends it
     (workload, node, column, site), so that both passes draw the same one.
 
     The services' own (:func:`~analyzer.wakeup.service_wake_profiles`): each io call to a resource with a
@@ -650,9 +638,10 @@ class _WakeCost:
 
     _MASK = (1 << 64) - 1
 
-    def __init__(self, profiles: Sequence[WakeProfile | None], salt: int,
+    def __init__(self, profile: WakeProfile | None, spread: str, salt: int,
                  services: Mapping[str, WakeProfile] | None = None) -> None:
-        self.profiles = list(profiles)
+        self.profile = profile
+        self.spread = spread
         self.salt = salt
         self.services = dict(services or {})
         self.resolved: dict[str, WakeProfile | None] = {}
@@ -708,26 +697,16 @@ class _WakeCost:
     def cost(self, *, recording: bool) -> Wake | None:
         """One pass's callback for :func:`simulate` (its own warm-up state per loop), or None without a profile
         of the loop."""
-        profiles = self.profiles
-        if not any(p is not None for p in profiles):
+        if self.profile is None:
             return None
-        # server -> [cold work left (ms), extra per ms of it, idle behind the cold spell (ms)], and the profile
-        # that priced the spell
+        profile = self.profile
+        span = profile.span_ms
+        # server -> [cold work left (ms), extra per ms of it, idle behind the cold spell (ms)]
         cold: dict[int, list[float]] = {}
-        priced: dict[int, WakeProfile] = {}
 
         def wake(k: int, j: int, col: int, site: int, gap: float, d: float, server: int) -> float:
             state = cold.setdefault(server, [0.0, 0.0, 0.0])
-            profile = profiles[k]
-            if gap > 0 and profile is not None:
-                span = profile.span_ms
-                if priced.get(server) is not profile:
-                    # another route's cold spell: its profile was measured after pauses between requests of its
-                    # own route, so what is left of it says nothing in this one's terms (carried over, the
-                    # index page's long spells took 0.2 ms off the post page's next request under a location
-                    # change: accuracy.md, run 75)
-                    state[0] = 0.0
-                    priced[server] = profile
+            if gap > 0:
                 # Idle spells a little work apart add up: two 10 ms waits 0.2 ms of work apart leave the host as
                 # cold as one 20 ms wait (measured on the post page under a location scenario: +0.8 ms, where
                 # the profile gives +0.2 for 10 ms and +0.7 for 20). The idle of the spell before still counts
@@ -747,14 +726,10 @@ class _WakeCost:
 
     def describe(self) -> list[str]:
         out = []
-        used = list({id(p): p for p in self.profiles if p is not None}.values())
-        if used:
-            spread = "; ".join(f"the first {p.span_ms:.2g} ms from the {p.how}" for p in used)
-            out.append(f"wake-up: what the loop's idle gaps add to the loop work after them, spread over the work "
-                       f"each profile's extra was measured on (its requests' median back to back), each request's "
-                       f"from its route's own profile where there is one: {spread}; beyond what the same work's "
-                       f"gaps as recorded cost ({self.charged} pieces of work, "
-                       f"{self.total_ms / max(self.charged, 1):+.3f} ms each on average)")
+        if self.profile is not None:
+            out.append(f"wake-up: what the loop's idle gaps add to {self.spread} after them, from the "
+                       f"{self.profile.how}, beyond what the same work's gaps as recorded cost ({self.charged} "
+                       f"pieces of work, {self.total_ms / max(self.charged, 1):+.3f} ms each on average)")
         for resource, p in sorted(self.resolved.items()):
             if p is not None:
                 out.append(f"service wake-up: what {resource}'s idle before a call adds to it, from the {p.how}, "

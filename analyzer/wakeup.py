@@ -69,8 +69,6 @@ __all__ = [
     "service_profile_for",
     "service_wake_profiles",
     "wake_profile",
-    "wake_profile_for",
-    "wake_profiles",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -154,8 +152,6 @@ def add_wake_profiles(
     measured: Mapping[float, Sequence[Request]],
     every: Sequence[Request],
     note: str = "",
-    *,
-    services: bool = True,
 ) -> list[str]:
     """Store the loop's and the services' wake-up profiles from the spans of requests sent after pauses.
 
@@ -168,10 +164,7 @@ def add_wake_profiles(
     after a pause, which a wait in the middle of a request leaves to the steps after it; each
     resource's (api ``wake service``) the duration of the first call to it in each request, one level per
     pause, at the median idle the resource had before those calls. A resource whose levels do not grow with the
-    pause, or span under 5 ms, gets none; ``services=False`` stores the loop's only (a second route's run: the
-    services' profiles do not depend on the route, and two of one system would leave a third deployment's
-    address matching neither, :func:`service_profile_for`). Returns one line per profile stored, saying what it
-    holds.
+    pause, or span under 5 ms, gets none. Returns one line per profile stored, saying what it holds.
 
     Only the server side counts: what the client-side latency gains after a pause beyond the server span's
     (the client's own wake-up and the kernel's delivery of the request to a sleeping app) has no part in a
@@ -185,8 +178,6 @@ def add_wake_profiles(
     held = "without its io calls, with its reading of the request" if woke else "without its io calls"
     lines = [f"loop ({name}, {held}): " + ", ".join(
         f"{np.median(x):.3f} ms at {g:g}" for g, x in sorted(loop.items()) if x)]
-    if not services:
-        return lines
     starts: dict[str, list[int]] = {}
     for req in every:
         for call in req.ios:
@@ -268,38 +259,16 @@ def service_profile_for(resource: str, profiles: Mapping[str, WakeProfile]) -> W
     return same[0] if len(same) == 1 else None
 
 
-def wake_profiles(store: Any) -> list[WakeProfile]:
-    """The loop's wake-up profiles of ``store`` (anything with ``keys()`` and ``select``): each resource with a
-    profile at ``idle_ms=0`` and at one gap or more, in the store's order of resources."""
-    return [_stored(store, WAKE_API, resource, labels, levels,
-                    f"wake-up profile {resource} " if resource else "wake-up profile ")
-            for (resource, labels), levels in _stored_levels(store, WAKE_API).items()
-            if 0.0 in levels and len(levels) >= 2]
-
-
 def wake_profile(store: Any) -> WakeProfile | None:
-    """The first of :func:`wake_profiles`, or None when ``store`` has none."""
-    profiles = wake_profiles(store)
-    return profiles[0] if profiles else None
+    """The wake-up profile of ``store`` (anything with ``keys()`` and ``select``), or None when it has none.
 
-
-def wake_profile_for(route: str, profiles: Sequence[WakeProfile]) -> WakeProfile | None:
-    """The wake-up profile of the loop work of ``route``'s requests: the one measured on that route (its
-    resource's last words: ``forum GET /post/{id}`` for ``GET /post/{id}``), else the first, else None.
-
-    A request kind's own profile, because what a cold start costs depends on the work that follows it, not on
-    the idle alone: on the example app, after pauses of 10 and 20 ms, the post page's 2.5 ms of loop work took
-    0.4 and 0.6 ms longer and the index page's 10.7 ms 0.4 and 0.5 ms longer. Priced with the post page's
-    profile, the index page's nine 10 ms waits for the database under a location change were charged 5.3 ms
-    where its loop work grew by 0.9 (``docs/accuracy.md``, run 75).
-
-    >>> post = WakeProfile(np.array([0.0, 10.0]), np.zeros((2, 200)), "", resource="forum GET /post/{id}")
-    >>> index = WakeProfile(np.array([0.0, 10.0]), np.zeros((2, 200)), "", resource="forum GET /")
-    >>> [wake_profile_for(r, [post, index]).resource for r in ("GET /", "GET /post/{id}", "GET /stats")]
-    ['forum GET /', 'forum GET /post/{id}', 'forum GET /post/{id}']
+    The first resource with a profile at ``idle_ms=0`` and at one gap or more is used.
     """
-    own = [p for p in profiles if route and p.resource.endswith(f" {route}")]
-    return own[0] if own else (profiles[0] if profiles else None)
+    for (resource, labels), levels in _stored_levels(store, WAKE_API).items():
+        if 0.0 in levels and len(levels) >= 2:
+            return _stored(store, WAKE_API, resource, labels, levels,
+                           f"wake-up profile {resource} " if resource else "wake-up profile ")
+    return None
 
 
 def _stored_levels(store: Any, api: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], list[float]]:

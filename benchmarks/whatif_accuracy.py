@@ -19,11 +19,11 @@ Steps, per scenario (docs/demo.md and docs/accuracy.md say why each choice):
 3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size, with one caller
    and with up to the index page's ten at once (the size case's spec filters on that api), RTTs through the
    proxy at 0 ms and with the delay (the ``(rtt)`` rows of location), CPU probes for interference, and once,
-   before the location cases, wake-up profiles of the app (``analyzer.wakeup``: the post page's and the index
-   page's server-side latency after pauses of 0-40 ms taking turns, one run per page; ``--no-wake`` leaves them
-   out): the loop's longer idle gaps are charged what its route's profile says they cost in the nominal and
-   ``(applied)`` rows; the ``(no wake-up)`` rows predict the nominal delay without them, and the ``(rtt)`` rows
-   too (an RTT profile measured end to end by a client idle between calls holds the cold start already);
+   before the location cases, a wake-up profile of the app (``analyzer.wakeup``: the post page's server-side
+   latency after pauses of 0-40 ms taking turns; ``--no-wake`` leaves it out): the loop's longer idle gaps are
+   charged what the profile says they cost in the nominal and ``(applied)`` rows; the ``(no wake-up)`` rows
+   predict the nominal delay without it, and the ``(rtt)`` rows too (an RTT profile measured end to end by a
+   client idle between calls holds the cold start already);
 4. predict (``analyzer.predict``) and compare with the scenario's server-side latencies (client-side for load
    and failure); the location cases are also predicted for the delay the proxy really added (its threads wake
    late on a busy machine: ``LatencyProxy.applied_delay_ms``), the ``(applied)`` rows.
@@ -209,31 +209,15 @@ def _profile_cpu(store: ProfileStore, cpu_pct: float, budget_s: float = 5.0) -> 
 
 
 
-WAKE_ROUTES = {"forum GET /post/{id}": "/post/{n}", "forum GET /": "/"}
-"""The wake-up profiles of the app: name -> the path measured. Each route's loop work is priced by its own
-(:func:`analyzer.wakeup.wake_profile_for`); the first's run also gives the services' profiles."""
-
-
 def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: Any) -> None:
-    """The app's wake-up profiles (:mod:`analyzer.wakeup`): each of :data:`WAKE_ROUTES`' server-side latency, one
-    request at a time, after pauses of :data:`IDLE_MS`, from the spans of one collected run per route (server
-    side only)."""
-    got = {name: measure_idle(setup, IDLE_MS, requests=200, rounds=2, path=path,
-                              spans=work / f"wake{k or ''}.jsonl", on_step=status)
-           for k, (name, path) in enumerate(WAKE_ROUTES.items())}
-    with (work / "wake.pkl").open("wb") as f:  # the profiles' data, for building them again another way
+    """A wake-up profile of the app (:mod:`analyzer.wakeup`): its post page's server-side latency, one request
+    at a time, after pauses of :data:`IDLE_MS`, from the spans of one collected run (server side only)."""
+    got = measure_idle(setup, IDLE_MS, requests=200, rounds=2, spans=work / "wake.jsonl", on_step=status)
+    with (work / "wake.pkl").open("wb") as f:  # the profile's data, for building it again another way
         pickle.dump(got, f)
-    _add_wake(store, got, "whatif_accuracy: server-side latency after a pause", "wake-up profile", status)
-
-
-def _add_wake(store: Any, got: Any, note: str, say: str, status: Any = None) -> None:
-    """Store the wake-up profiles of ``got`` (``wake.pkl``: name -> :class:`~replayer.groundtruth.IdleRun`, or
-    one run of the post page, as recorded before the index page had its own); the services' from the first."""
-    runs = got if isinstance(got, dict) else {"forum GET /post/{id}": got}
-    for k, (name, run) in enumerate(runs.items()):
-        for line in add_wake_profiles(store, name, run.requests, run.every, note=note, services=k == 0):
-            if status is not None:
-                status(f"{say}: {line}")
+    for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests, got.every,
+                                  note="whatif_accuracy: server-side latency after a pause"):
+        status(f"wake-up profile: {line}")
 
 
 _WAKE_APIS = (WAKE_API, SERVICE_WAKE_API)
@@ -251,8 +235,9 @@ class _WithWakeAgain:
             got = pickle.load(f)
         self._dir = tempfile.TemporaryDirectory(prefix="perfcast-wake-")
         self.wake = ProfileStore(Path(self._dir.name) / "wake.db")
-        _add_wake(self.wake, got, "whatif_accuracy: built again from wake.pkl", "wake-up profile, built again",
-                  status)
+        for line in add_wake_profiles(self.wake, "forum GET /post/{id}", got.requests, got.every,
+                                      note="whatif_accuracy: built again from wake.pkl"):
+            status(f"wake-up profile, built again: {line}")
 
     def keys(self) -> list[ProfileKey]:
         return [k for k in self.store.keys() if k.api not in _WAKE_APIS] + self.wake.keys()
@@ -459,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             store = _WithWakeAgain(store, work, status)  # type: ignore[assignment]
         wake = not ns.no_wake and any(k.api == WAKE_API for k in store.keys())
     elif any(c.selector for c in cases) and not ns.no_wake:
-        console.print("[bold]profiles[/]: wake-up of the app's post and index pages after pauses of "
+        console.print("[bold]profiles[/]: wake-up of the app after pauses of "
                       f"{', '.join(f'{g:g}' for g in IDLE_MS)} ms")
         _profile_wake(setup, store, work, status)
         wake = True

@@ -221,9 +221,8 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
 
 
 def _wake_profile(setup: Any, out: Path, quick: bool, step: Any) -> Any:
-    """The app's wake-up profiles (:mod:`analyzer.wakeup`) in ``out/profiles.db``, one per page: a delay leaves the
-    loop idle longer before the work after each wait, the first work after an idle spell runs slow on a VM, and
-    how much slower depends on the work (each page's loop work is priced by its own page's profile)."""
+    """A wake-up profile of the app (:mod:`analyzer.wakeup`) in ``out/profiles.db``: a delay leaves the loop idle
+    longer before the work after each wait, and the first work after an idle spell runs slow on a VM."""
 
     from analyzer.profiles import ProfileStore
     from analyzer.wakeup import add_wake_profiles
@@ -232,21 +231,14 @@ def _wake_profile(setup: Any, out: Path, quick: bool, step: Any) -> Any:
     path = out / "profiles.db"
     for old in (path, path.with_name(path.name + "-journal")):
         old.unlink(missing_ok=True)
+    step(f"a wake-up profile of the app: its post page one request at a time, after pauses of "
+         f"{', '.join(f'{g:g}' for g in IDLE_MS)} ms")
+    got = measure_idle(setup, IDLE_MS, requests=20 if quick else 80, rounds=2, spans=out / "wake.jsonl",
+                       on_step=step)
     store = ProfileStore(path)
-    try:
-        for k, (name, page, what) in enumerate((("forum GET /post/{id}", "/post/{n}", "post page"),
-                                                ("forum GET /", "/", "index page"))):
-            step(f"a wake-up profile of the app: its {what} one request at a time, after pauses of "
-                 f"{', '.join(f'{g:g}' for g in IDLE_MS)} ms")
-            got = measure_idle(setup, IDLE_MS, requests=20 if quick else 80, rounds=2, path=page,
-                               spans=out / f"wake{k or ''}.jsonl", on_step=step)
-            # the services' profiles from the first page's run only: they do not depend on the page
-            for line in add_wake_profiles(store, name, got.requests, got.every, services=k == 0,
-                                          note="perfcast demo: server-side latency after a pause"):
-                step(f"wake-up profile: {line}")
-    except BaseException:
-        store.close()
-        raise
+    for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests, got.every,
+                                  note="perfcast demo: server-side latency after a pause"):
+        step(f"wake-up profile: {line}")
     return store
 
 

@@ -48,24 +48,19 @@ def test_quick_run_predicts_and_measures_location_and_load(tmp_path: Path) -> No
     assert result.requests == 16 and result.variants >= 1
     for path in (result.spans, result.graphs, result.predictions, result.measured, result.profiles):
         assert path is not None and path.is_file() and path.parent == tmp_path / "demo"
-    # the location scenario was predicted with the app's wake-up profiles, each page's measured after pauses of
-    # 0-40 ms and each page priced by its own
+    # the location scenario was predicted with the app's wake-up profile, measured after pauses of 0-40 ms
     from analyzer.profiles import ProfileStore
     from analyzer.wakeup import WAKE_API
     from replayer.groundtruth import IDLE_MS
 
     with ProfileStore(result.profiles) as store:
-        for page in ("GET /", "GET /post/{id}"):
-            assert sorted(k.value for k in store.keys()
-                          if k.api == WAKE_API and k.resource == f"forum {page}") == sorted(IDLE_MS), page
+        assert sorted(k.value for k in store.keys() if k.api == WAKE_API) == sorted(IDLE_MS)
     assert 1.0 in IDLE_MS and 2.0 in IDLE_MS  # a short gap's cost is measured, not interpolated up to 5 ms
     doc = json.loads(result.predictions.read_text())
     assert [s["name"] for s in doc["scenarios"]] == ["location:blob=+20ms", "load:4?mix.GET /=1&mix.GET /post/{id}=1"]
     # the load scenario takes the same profile: the wake-ups a busy loop does not pay, as the benchmark predicts it
     for scenario in doc["scenarios"]:
-        assert all(any(n.startswith("wake-up: ") and "wake-up profile forum GET / at" in n
-                       and "wake-up profile forum GET /post/{id} at" in n for n in p["notes"])
-                   for p in scenario["predictions"]), scenario["name"]
+        assert all(any(n.startswith("wake-up: ") for n in p["notes"]) for p in scenario["predictions"]), scenario["name"]
 
     for words in ("1. collect", "2. causal graphs", "self-check", "location:blob=+20ms", "wake-up profile", "load:4", "KS D",
                   "median dev", str(result.graphs), "perfcast whatif"):
