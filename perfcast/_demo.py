@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import tempfile
-from contextlib import ExitStack
 import time
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
