@@ -26,7 +26,10 @@ Steps, per scenario (docs/demo.md and docs/accuracy.md say why each choice):
    client idle between calls holds the cold start already);
 4. predict (``analyzer.predict``) and compare with the scenario's server-side latencies (client-side for load
    and failure); the location cases are also predicted for the delay the proxy really added (its threads wake
-   late on a busy machine: ``LatencyProxy.applied_delay_ms``), the ``(applied)`` rows.
+   late on a busy machine, although it learns how late: ``LatencyProxy.applied_delay_ms``), the ``(applied)``
+   rows. Load and failure also print what bounds them: the loop's demand per request at one user and under
+   load, 1 / throughput, and the host's CPU spent beside the app per request (its database, cache and blob
+   service and the load client share the machine's cores with it: ``replayer.groundtruth.host_cpu_s``).
 
 Real Redis and PostgreSQL are used when they answer on 127.0.0.1 (``--embedded`` forces the app's SQLite and
 the blob service's cache). Raw results go to ``benchmarks/results/whatif_accuracy.json``. Run::
@@ -361,6 +364,16 @@ def _loop_per_request(runs: list[GroundTruth]) -> tuple[float, float]:
     return loop_ms + preempted_ms, sleeps / max(sum(len(v) for v in latencies.values()), 1)
 
 
+def _host_per_request(runs: list[GroundTruth]) -> tuple[float, float]:
+    """(the host's busy CPU beside the app's processes, its steal) per request over ``runs``, weighted by their
+    requests; zeros for recordings made before the host was read."""
+    n = [sum(len(v) for v in t.client_ms.values()) for t in runs]
+    host = [getattr(t, "host_cpu_ms", (0.0, 0.0)) for t in runs]
+    other = sum(k * (h[0] - sum(t.app_cpu_ms)) for k, h, t in zip(n, host, runs, strict=True))
+    steal = sum(k * h[1] for k, h in zip(n, host, strict=True))
+    return other / max(sum(n), 1), steal / max(sum(n), 1)
+
+
 def _write(out: Path, config: str, ns: argparse.Namespace, rows: list[dict[str, Any]], elapsed: float) -> None:
     """The raw results so far (rewritten after every scenario, so that a crash keeps what was measured)."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -582,6 +595,11 @@ def main(argv: list[str] | None = None) -> int:
             status(f"throughput {throughput:.1f} req/s = {loop_ms:.2f} ms of loop per request at saturation; the "
                    f"loop's demand per request {light_ms:.2f} ms at one user ({light_sleeps:.1f} wake-ups), "
                    f"{loaded_ms:.2f} ms at {case.users} users ({loaded_sleeps:.1f} wake-ups)")
+            (light_other, light_steal), (loaded_other, loaded_steal) = _host_per_request(lights), _host_per_request(truths)
+            rows[-1].update(light_other_cpu_ms=light_other, light_steal_ms=light_steal,
+                            loaded_other_cpu_ms=loaded_other, loaded_steal_ms=loaded_steal)
+            status(f"the host's CPU beside the app per request: {light_other:.2f} ms at one user, {loaded_other:.2f} "
+                   f"at {case.users} users (steal {light_steal:.2f} and {loaded_steal:.2f})")
     store.close()
 
     table = Table(title=f"What-if accuracy, forum app ({'Redis + PostgreSQL' if use_real else 'embedded'}), "

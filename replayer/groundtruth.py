@@ -67,6 +67,7 @@ __all__ = [
     "client_mix",
     "cpu_s",
     "deploy",
+    "host_cpu_s",
     "loop_cpu_s",
     "loop_switches",
     "measure",
@@ -186,7 +187,11 @@ class GroundTruth:
     loop_wakeups: float = 0.0
     """Times the serving replicas' event loops went to sleep (in ``epoll_wait``: their voluntary context
     switches) in the measured window, per measured request: how often the loop idled and had to wake up. The
-    last field, so that recordings pickled before it (``benchmarks/whatif_accuracy.py``) still load."""
+    last field but one, so that recordings pickled before it (``benchmarks/whatif_accuracy.py``) still load."""
+    host_cpu_ms: tuple[float, float] = (0.0, 0.0)
+    """(busy, steal) CPU time of the whole host in the measured window, summed over its cores, per measured
+    request (:func:`host_cpu_s`): busy less the app's own CPU is what the processes beside it (its database, its
+    cache, the load client) took from the same cores; steal is what the hypervisor gave to other guests."""
 
     def latencies(self, route: str) -> tuple[float, ...]:
         """Server-side latencies of ``route`` when recorded, else client-side."""
@@ -205,6 +210,7 @@ class GroundTruth:
             "spans": list(self.spans), "window_ns": list(self.window_ns), "app_cpu_ms": list(self.app_cpu_ms),
             "loop_cpu_ms": self.loop_cpu_ms, "loop_preempted_ms": self.loop_preempted_ms,
             "loop_wakeups": self.loop_wakeups, "slices_ns": [list(s) for s in self.slices_ns],
+            "host_cpu_ms": list(self.host_cpu_ms),
         }
 
 
@@ -905,7 +911,7 @@ def _blob_bytes(admin_url: str, size: int | None) -> None:
 
 
 def _truth(d: Deployment, users: int, result: Any, window: tuple[int, int],
-           cpu: tuple[float, float, float, float, int],
+           cpu: tuple[float, float, float, float, int, float, float],
            applied_delays: Mapping[Resource, float], recorded: Sequence[Any]) -> GroundTruth:
     """A load's result as a :class:`GroundTruth`, its server-side latencies from the ``recorded`` requests."""
     client: dict[str, list[float]] = {}
@@ -923,6 +929,7 @@ def _truth(d: Deployment, users: int, result: Any, window: tuple[int, int],
         elapsed_s=result.elapsed_s, spans=d.spans, window_ns=window, error_examples=result.error_examples,
         applied_delay_ms=dict(applied_delays), app_cpu_ms=(1e3 * cpu[0] / n, 1e3 * cpu[1] / n),
         loop_cpu_ms=1e3 * cpu[2] / n, loop_preempted_ms=1e3 * cpu[3] / n, loop_wakeups=cpu[4] / n,
+        host_cpu_ms=(1e3 * cpu[5] / n, 1e3 * cpu[6] / n),
     )
 
 
@@ -1008,28 +1015,45 @@ def _spans_files(spans: str | os.PathLike[str] | None, replicas: int) -> list[st
 
 def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: int, paths: Sequence[str],
           seed: int | None, pids: Sequence[int] = (), think_ms: float = 0.0,
-          control: str | None = None) -> tuple[Any, tuple[int, int], tuple[float, float, float, float, int]]:
+          control: str | None = None
+          ) -> tuple[Any, tuple[int, int], tuple[float, float, float, float, int, float, float]]:
     """(the load's result, its wall-clock window, the (user, system, loop) CPU seconds ``pids`` spent in it, the
-    seconds their loops were preempted (:func:`preempted_s`) and the times they went to sleep (their voluntary
-    switches, :func:`loop_switches`)); ``control``: the load client's controller."""
+    seconds their loops were preempted (:func:`preempted_s`), the times they went to sleep (their voluntary
+    switches, :func:`loop_switches`) and the host's busy and steal CPU seconds (:func:`host_cpu_s`));
+    ``control``: the load client's controller."""
     from examples.forum.load import run_load_subprocess
 
     try:
         if warmup:
             run_load_subprocess(url, users=users, requests=warmup, paths=tuple(paths), seed=seed)
-        cpu0, pre0 = cpu_s(pids), loop_switches(pids)
+        cpu0, pre0, host0 = cpu_s(pids), loop_switches(pids), host_cpu_s()
         begin = time.time_ns()
         result = run_load_subprocess(url, users=users, requests=requests, duration_s=max_duration_s,
                                      paths=tuple(paths), seed=None if seed is None else seed + 1,
                                      think_ms=think_ms, control=control)
         end = time.time_ns()
-        cpu1, pre1 = cpu_s(pids), loop_switches(pids)
+        cpu1, pre1, host1 = cpu_s(pids), loop_switches(pids), host_cpu_s()
     except RuntimeError as exc:
         raise GroundTruthError(str(exc)) from None
     if not result.latencies_ms:
         raise GroundTruthError(f"no request succeeded: {'; '.join(result.error_examples) or 'no answer'}")
     return result, (begin, end), (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], cpu1[2] - cpu0[2], preempted_s(pre0, pre1),
-                                  pre1[1] - pre0[1])
+                                  pre1[1] - pre0[1], host1[0] - host0[0], host1[1] - host0[1])
+
+
+def host_cpu_s() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole host so far, summed over its cores (psutil, ``/proc/stat``).
+
+    Busy is every state but idle, iowait and steal (user, nice, system, irq, softirq: a guest's time is in user
+    already); steal is time the hypervisor ran another guest on a vCPU that had work.
+    """
+    import psutil  # type: ignore[import-untyped]
+
+    t = psutil.cpu_times()
+    idle = t.idle + getattr(t, "iowait", 0.0)
+    steal = getattr(t, "steal", 0.0)
+    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    return total - idle - steal, steal
 
 
 def cpu_s(pids: Sequence[int]) -> tuple[float, float, float]:

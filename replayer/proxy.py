@@ -77,6 +77,7 @@ class LatencyProxy:
     _stopping: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _overshoot_s: float = 0.0
+    """How long ``time.sleep`` oversleeps: measured at start, then learnt from the delayed chunks' lateness."""
     _late: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     """[sum of the half delays asked for the delayed chunks, sum of how late each left (negative: early),
     chunks], under ``_late_lock``: three numbers however long the proxy runs."""
@@ -87,8 +88,10 @@ class LatencyProxy:
         :meth:`reset_lateness`: the mean delay asked for them plus their mean lateness, once per direction;
         ``delay_ms`` when no chunk was delayed.
 
-        Its threads wake late when the machine is busy (about 0.15 ms per chunk when idle, more under load), so
-        a ground truth measured through it is for this delay, not exactly ``delay_ms``. The delay switched off
+        Its threads wake late when the machine is busy (about 0.15 ms per chunk when idle, more under load); it
+        learns by how much from every delayed chunk and sleeps that much less, but what is left (the learning's
+        lag behind the machine, the spread about the mean) makes a ground truth measured through it one for
+        this delay, not exactly ``delay_ms``. The delay switched off
         since (a ground truth taking turns) does not change what was added while it was on.
         """
         with self._late_lock:
@@ -193,7 +196,7 @@ class LatencyProxy:
     def _pump(self, src: socket.socket, dst: socket.socket, done: threading.Barrier) -> None:
         """Copy src -> dst, releasing each chunk half the delay in force when it arrived later (order kept)."""
         chunks: queue.SimpleQueue[tuple[float, float, bytes]] = queue.SimpleQueue()
-        releaser = threading.Thread(target=self._release, args=(chunks, dst, self._overshoot_s), daemon=True)
+        releaser = threading.Thread(target=self._release, args=(chunks, dst), daemon=True)
         releaser.start()
         stamped = _stamp_arrivals(src)
         try:
@@ -213,11 +216,10 @@ class LatencyProxy:
             except threading.BrokenBarrierError:
                 self._close(src, dst)
 
-    def _release(self, chunks: queue.SimpleQueue[tuple[float, float, bytes]], dst: socket.socket,
-                 overshoot_s: float) -> None:
+    def _release(self, chunks: queue.SimpleQueue[tuple[float, float, bytes]], dst: socket.socket) -> None:
         while True:
             due, delay_s, chunk = chunks.get()
-            wait = due - time.monotonic() - overshoot_s
+            wait = due - time.monotonic() - self._overshoot_s
             if wait > 0:
                 time.sleep(wait)
             if delay_s > 0 and chunk:
@@ -226,6 +228,12 @@ class LatencyProxy:
                     self._late[0] += delay_s
                     self._late[1] += late
                     self._late[2] += 1
+                    if wait > 0:
+                        # How much a sleep oversleeps grows with its length and with the machine's load (a
+                        # halted vCPU wakes slower): learn it from every delayed chunk, so that the delay added
+                        # is the delay asked for on average (the start-up estimate left round trips through a
+                        # 10 ms proxy 0.06-0.07 ms long, a third of a post page's spread about its median)
+                        self._overshoot_s = max(self._overshoot_s + _LATE_GAIN * late, 0.0)
             if not chunk:
                 try:
                     dst.shutdown(socket.SHUT_WR)
@@ -239,6 +247,11 @@ class LatencyProxy:
                 while chunks.get()[2]:
                     pass
                 return
+
+
+_LATE_GAIN = 0.02
+"""Share of each delayed chunk's lateness added to the proxy's overshoot estimate (an integral controller: the
+mean lateness goes to zero within a few hundred chunks)."""
 
 
 def _sleep_overshoot_s(trials: int = 15) -> float:

@@ -20,6 +20,7 @@ from replayer.groundtruth import (
     GroundTruthError,
     cpu_s,
     deploy,
+    host_cpu_s,
     loop_cpu_s,
     loop_switches,
     measure,
@@ -83,6 +84,27 @@ class TestLoopCpu:
             assert loop >= user
         else:
             assert loop == pytest.approx(user + system, abs=0.02)
+
+
+class TestHostCpu:
+    def test_a_busy_process_shows_in_the_hosts_busy_time(self) -> None:
+        # a process spinning for 0.8 s adds about 0.8 s of busy time to the host's, whatever else runs beside it
+        proc = subprocess.Popen([sys.executable, "-c", _SPIN_ON_CORE_0, "1.5", "spin"], stdout=subprocess.PIPE,
+                                text=True)
+        try:
+            time.sleep(0.3)
+            busy0, steal0 = host_cpu_s()
+            own0 = sum(cpu_s([proc.pid])[:2])
+            time.sleep(0.8)
+            busy1, steal1 = host_cpu_s()
+            own1 = sum(cpu_s([proc.pid])[:2])
+        finally:
+            assert proc.stdout is not None and proc.stdout.readline() == "done\n"
+            proc.wait()
+        assert own1 - own0 > 0.5
+        assert busy1 - busy0 >= own1 - own0 - 0.05  # the host's busy time holds the process's
+        assert busy1 - busy0 <= 0.8 * (os.cpu_count() or 1) + 0.05
+        assert steal1 >= steal0 >= 0.0
 
 
 _SPIN_ON_CORE_0 = """

@@ -63,6 +63,24 @@ async def test_applied_delay_is_the_delay_the_round_trips_really_gained() -> Non
     assert abs((per_trip - base) * 1000 - applied) < 1.0
 
 
+async def test_the_proxy_learns_how_late_it_wakes() -> None:
+    # started with an estimate of its oversleep 2 ms too large, it releases chunks early at first; what it learns
+    # from each chunk brings the delay it adds back to the delay asked for
+    server = await _echo_server()
+    port = server.sockets[0].getsockname()[1]
+    async with LatencyProxy([Upstream("127.0.0.1", port)], delay_ms=10) as proxy:
+        proxy._overshoot_s += 0.002
+        await _round_trip(proxy.port, 10)
+        early = proxy.applied_delay_ms()
+        await _round_trip(proxy.port, 150)
+        proxy.reset_lateness()
+        await _round_trip(proxy.port, 30)
+        applied = proxy.applied_delay_ms()
+    server.close()
+    assert early < 9.0  # released early: the wrong estimate shows
+    assert abs(applied - 10) < 0.3
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
 def test_a_chunk_is_timed_from_when_the_kernel_received_it_not_from_when_it_was_read() -> None:
     # a reader thread that wakes late must not lengthen the delay: the chunk is due from its arrival
