@@ -102,7 +102,8 @@ from analyzer.wakeup import (
 if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
-__all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "WAIT_SCALE_KEY", "BackgroundDemand", "Calibration", "Workload",
+__all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "HOST_CPUS_KEY", "HOST_CPU_KEY", "WAIT_SCALE_KEY", "BackgroundDemand",
+           "Calibration", "Workload",
            "as_recorded", "at_recorded_load", "background_demand", "background_from_spans", "calibrate", "fit_wait_scale",
            "simulate", "simulate_scenario", "with_background"]
 
@@ -960,7 +961,44 @@ def _simulate_once(
             lambda k, j, col, g, idle: service_wake(k, j, col, group_names[g], idle)),
         columns=columns,
     )
+    if load.users > 1 or failures:
+        notes += _host_note(graphs, latencies, [nesting.weight(gi) > 0 for gi in range(len(graphs))], load.users,
+                            load.think_ms)
     return latencies, notes
+
+
+def _host_note(graphs: Sequence[CausalGraph], latencies: Sequence[FloatArray], user_routes: Sequence[bool],
+               users: int, think_ms: float) -> list[str]:
+    """How busy the host's cores would be at the simulated throughput, where the graphs carry the host's CPU per
+    request (``HOST_CPU_KEY``), and a caution past :data:`HOST_BUSY_WARN`.
+
+    The simulation serves the app's loop and takes every call's duration from the recording or a profile; it
+    does not know that a database, a cache or a load client on the same host, and the app's loop itself, wait
+    for a core once the host's cores are full. On the accuracy benchmark's two-core machine the processes beside
+    the app took more CPU per request than its loop, the cores were all but full at 16 users, and the loop idled
+    8-14% of the time waiting for them (``docs/accuracy.md``, runs 77-80). The utilisation is the closed-loop
+    throughput ``users / (mean latency + think)`` times the CPU per request measured at the recorded load, over
+    the cores (the utilisation law); processes that wake less often per request under load need less than that
+    (on the benchmark 23-26% less at 16 users), so read it as an upper estimate: in run 81 it gave 113% and 110%
+    where the cores were measured 88% and 95% busy. The two effects pull the latency opposite ways, and the
+    benchmark's loaded index page came out from 23 ms low to 14 ms high on about 200 ms across runs 77-81: the
+    note says where the prediction is weak, not which way it errs.
+    """
+    host = [float(g.meta[HOST_CPU_KEY]) for g in graphs if HOST_CPU_KEY in g.meta]
+    cpus = [int(g.meta.get(HOST_CPUS_KEY, 0) or 0) for g in graphs if HOST_CPU_KEY in g.meta]
+    served = [lat for lat, user in zip(latencies, user_routes, strict=True) if user and lat.size]
+    if not host or not served or max(cpus) <= 0:
+        return []
+    cycle_ms = float(np.mean(np.concatenate(served))) + think_ms
+    throughput = users / cycle_ms * 1000.0 if cycle_ms > 0 else 0.0
+    busy = throughput * max(host) / 1000.0 / max(cpus)
+    note = (f"host: {max(host):.3g} ms of CPU per request at the recorded load (the app and every other process on "
+            f"it), {max(cpus)} CPUs: at the predicted {throughput:.4g} requests/s its cores would be {busy:.0%} busy")
+    if busy > HOST_BUSY_WARN:
+        note += ("; near or past their capacity the app's loop and the processes beside it (a database, cache or "
+                 "client on the same host) wait for a core, and those processes need less CPU per request than at "
+                 "one user; the simulation holds neither, so this prediction is less certain than its spread shows")
+    return [note]
 
 
 def _same_task(graph: CausalGraph, neighbours: Iterable[str], where: Mapping[str, int], task: str,
@@ -1051,6 +1089,16 @@ CPU_SCALE_KEY = "cpu_scale"
 """Graph ``meta`` key: the factor that turns recorded on-loop CPU into the CPU of the app without the collector
 (``min(1, process / traced)``); when present, compute nodes hold the loop for ``cpu_ms`` x it."""
 
+HOST_CPU_KEY = "host_cpu_ms"
+"""Graph ``meta`` key: CPU (ms) the whole host was busy per user request at the recorded load, the app's and every
+other process's on it (from the collector's ``process`` spans)."""
+
+HOST_CPUS_KEY = "host_cpus"
+"""Graph ``meta`` key: the host's logical CPUs, with ``HOST_CPU_KEY``."""
+
+HOST_BUSY_WARN = 0.85
+"""Host utilisation at the predicted throughput above which a load prediction says it is less certain."""
+
 
 @dataclass(frozen=True, slots=True)
 class BackgroundDemand:
@@ -1074,9 +1122,17 @@ class BackgroundDemand:
         collector, i.e. the collector's own cost inside the steps; the recorded CPU is scaled down by it."""
         return min(1.0, self.process_ms / self.traced_ms) if self.traced_ms > 0 else 1.0
 
+    host_ms: float | None = None
+    """The whole host's busy CPU per user request (every process on it), where the collector read it."""
+    host_cpus: int = 0
+    """The host's logical CPUs, with ``host_ms``."""
+
     def to_json(self) -> dict[str, float]:
-        return {"process_ms": self.process_ms, "traced_ms": self.traced_ms, "background_ms": self.background_ms,
-                "cpu_scale": self.cpu_scale}
+        out = {"process_ms": self.process_ms, "traced_ms": self.traced_ms, "background_ms": self.background_ms,
+               "cpu_scale": self.cpu_scale}
+        if self.host_ms is not None:
+            out.update(host_ms=self.host_ms, host_cpus=float(self.host_cpus))
+        return out
 
 
 def background_demand(
@@ -1117,6 +1173,8 @@ def with_background(
         extra[WAIT_SCALE_KEY] = wait_scale
     if isinstance(background_ms, BackgroundDemand):
         extra[CPU_SCALE_KEY] = background_ms.cpu_scale
+        if background_ms.host_ms is not None and background_ms.host_cpus > 0:
+            extra[HOST_CPU_KEY], extra[HOST_CPUS_KEY] = background_ms.host_ms, float(background_ms.host_cpus)
         background_ms = background_ms.background_ms
     if background_ms < 0:
         raise ValueError(f"background_ms must be non-negative, got {background_ms}")
@@ -1148,7 +1206,8 @@ def background_from_spans(
     if cpu is None:
         return list(graphs), None
     users = len({r.trace_id for r in requests})
-    demand = BackgroundDemand(cpu.app_ms / users, loop_cpu_ms(graphs) / users)
+    demand = BackgroundDemand(cpu.app_ms / users, loop_cpu_ms(graphs) / users,
+                              None if cpu.host_busy_ms is None else cpu.host_busy_ms / users, cpu.host_cpus)
     return with_background(graphs, demand), demand
 
 
@@ -1224,6 +1283,8 @@ def calibrate(
     preempted_ms: float = 0.0,
     users: int = 1,
     samples: int = 2000,
+    host_ms: float | None = None,
+    host_cpus: int = 0,
 ) -> tuple[list[CausalGraph], Calibration]:
     """Graphs calibrated to the app without the collector, from one light run with it and one without.
 
@@ -1255,10 +1316,18 @@ def calibrate(
         The light load's users (1: as the baseline is recorded).
     samples
         Monte Carlo samples of each simulation of the fit.
+    host_ms, host_cpus
+        The whole host's busy CPU per user request in that run (the app's and every other process's on it) and
+        its CPUs, where they were read (``replayer.groundtruth.host_cpu_s``): a load prediction then says how
+        busy the host's cores would be (:func:`_host_note`).
     """
     if preempted_ms < 0:
         raise ValueError(f"preempted_ms must be non-negative, got {preempted_ms}")
+    if host_ms is not None and not (host_ms >= 0 and host_cpus > 0):
+        raise ValueError(f"host_ms must be non-negative with host_cpus > 0, got {host_ms} and {host_cpus}")
     demand = background_demand(graphs, [g for g in graphs if g.route in routes], process_cpu_ms + preempted_ms)
+    if host_ms is not None:
+        demand = replace(demand, host_ms=host_ms, host_cpus=host_cpus)
     by_route: dict[str, float] = {}
     counts: dict[str, int] = {}
     for route in routes:

@@ -237,6 +237,10 @@ class ProcessCpu:
     export_ms: float
     """CPU of the collector's export threads: the collector's, not the app's."""
     threads: int
+    host_busy_ms: float | None = None
+    """CPU the whole host was busy, over its cores (every process on it); None where it was not read."""
+    host_cpus: int = 0
+    """The host's logical CPUs (0: not read)."""
 
     @property
     def app_ms(self) -> float:
@@ -275,9 +279,12 @@ def process_cpu(spans: Iterable[Span]) -> tuple[ProcessCpu, ...]:
             return value / 1e6 if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
         threads = a.get(A.PROCESS_THREADS, 0)
+        cpus = a.get(A.PROCESS_HOST_CPUS, 0)
+        read = A.PROCESS_HOST_BUSY_NS in a and isinstance(cpus, int) and cpus > 0
+        host = ms(A.PROCESS_HOST_BUSY_NS) if read else None
         out.append(ProcessCpu(span.start_ns, span.end_ns, ms(A.PROCESS_USER_NS), ms(A.PROCESS_SYSTEM_NS),
                               ms(A.PROCESS_LOOP_THREAD_NS), ms(A.PROCESS_EXPORT_NS),
-                              threads if isinstance(threads, int) else 0))
+                              threads if isinstance(threads, int) else 0, host, cpus if host is not None else 0))
     return tuple(sorted(out, key=lambda p: p.start_ns))
 
 
@@ -297,7 +304,8 @@ def process_cpu_within(samples: Iterable[ProcessCpu], start_ns: int | None = Non
     lo = min(p.start_ns for p in parts) if start_ns is None else start_ns
     hi = max(p.end_ns for p in parts) if end_ns is None else end_ns
     total = [0.0] * 4
-    threads = 0
+    threads = cpus = 0
+    host: float | None = 0.0
     covered: list[int] = []
     for p in parts:
         span = p.end_ns - p.start_ns
@@ -307,11 +315,13 @@ def process_cpu_within(samples: Iterable[ProcessCpu], start_ns: int | None = Non
         share = 1.0 if span <= 0 else inside / span
         for i, value in enumerate((p.user_ms, p.system_ms, p.loop_thread_ms, p.export_ms)):
             total[i] += value * share
-        threads = max(threads, p.threads)
+        # the host's share only where every interval of the window read it
+        host = None if host is None or p.host_busy_ms is None else host + p.host_busy_ms * share
+        threads, cpus = max(threads, p.threads), max(cpus, p.host_cpus)
         covered += [max(p.start_ns, lo), min(p.end_ns, hi)]
     if not covered:
         return None
-    return ProcessCpu(min(covered), max(covered), *total, threads)
+    return ProcessCpu(min(covered), max(covered), *total, threads, host, cpus if host is not None else 0)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -28,20 +28,20 @@ class ProcessClock:
 
     def __init__(self) -> None:
         self.loop_thread = threading.main_thread().ident
-        self.start_ns, self.times, self.loop_cpu_ns, self.export_ns = self._read()
+        self.start_ns, self.times, self.loop_cpu_ns, self.export_ns, self.host_ns = self._read()
         self.lock = threading.Lock()
 
-    def _read(self) -> tuple[int, os.times_result, int, int]:
+    def _read(self) -> tuple[int, os.times_result, int, int, int]:
         export = sum(_thread_cpu_ns(t.ident) for t in threading.enumerate()
                      if t.name.startswith(_EXPORT_THREAD_PREFIX))
-        return time.time_ns(), os.times(), _thread_cpu_ns(self.loop_thread), export
+        return time.time_ns(), os.times(), _thread_cpu_ns(self.loop_thread), export, host_busy_ns()
 
     def emit(self) -> None:
         """Hand the span to the export pipeline; call before the pipeline shuts down (its threads still run)."""
         if _runtime.emit is None:
             return
         with self.lock:
-            now_ns, now, loop_ns, export_ns = self._read()
+            now_ns, now, loop_ns, export_ns, host_ns = self._read()
             attributes: dict[str, str | int] = {
                 A.KIND: "process",
                 A.PROCESS_USER_NS: round((now.user - self.times.user) * 1e9),
@@ -50,9 +50,30 @@ class ProcessClock:
                 A.PROCESS_EXPORT_NS: max(export_ns - self.export_ns, 0),
                 A.PROCESS_THREADS: threading.active_count(),
             }
+            if host_ns and self.host_ns:
+                attributes[A.PROCESS_HOST_BUSY_NS] = max(host_ns - self.host_ns, 0)
+                attributes[A.PROCESS_HOST_CPUS] = os.cpu_count() or 1
             start_ns = self.start_ns
-            self.start_ns, self.times, self.loop_cpu_ns, self.export_ns = now_ns, now, loop_ns, export_ns
+            self.start_ns, self.times, self.loop_cpu_ns, self.export_ns, self.host_ns = (now_ns, now, loop_ns,
+                                                                                          export_ns, host_ns)
         _runtime.emit_span("process", None, start_ns, now_ns, attributes)
+
+
+def host_busy_ns() -> int:
+    """CPU time the whole host has been busy so far, summed over its cores, ns (0 when it cannot be read).
+
+    Busy is every state but idle, iowait and steal (psutil's reading of ``/proc/stat``): what this process and
+    every other one on the machine ran, user and kernel. A guest's time is counted in user already.
+    """
+    try:
+        import psutil  # type: ignore[import-untyped]
+
+        t = psutil.cpu_times()
+    except Exception:  # noqa: BLE001 - the collector must never fail the app: no reading, no attribute
+        return 0
+    idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "steal", 0.0)
+    busy = sum(t) - idle - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    return max(round(busy * 1e9), 0)
 
 
 def _thread_cpu_ns(ident: int | None) -> int:

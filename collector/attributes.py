@@ -163,6 +163,13 @@ PROCESS_EXPORT_NS: Final = "perfcast.process.export_ns"
 PROCESS_THREADS: Final = "perfcast.process.threads"
 """int: threads alive when the span was written."""
 
+PROCESS_HOST_BUSY_NS: Final = "perfcast.process.host_busy_ns"
+"""int: CPU time the whole host was busy over the span, summed over its cores, ns: the app's and every other
+process's (a database, cache or load client on the same machine)."""
+
+PROCESS_HOST_CPUS: Final = "perfcast.process.host_cpus"
+"""int: the host's logical CPUs."""
+
 # --- window spans (one per sampling window, with --sample below 1) ---------------------------------------
 WINDOW_RECORDED: Final = "perfcast.window.recorded"
 """int: requests that started in the window and were recorded whole."""

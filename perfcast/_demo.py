@@ -8,6 +8,7 @@ Needs no Redis or PostgreSQL: the app runs on its SQLite file and the blob servi
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from collections.abc import Mapping
@@ -103,7 +104,7 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     from analyzer.selfcheck import summarize
     from analyzer.spans import process_cpu, read_spans
     from replayer.groundtruth import (BLOB_NAME, Applied, ForumSetup, client_mix, measure_loaded, measure_paired,
-                                      measured_requests, pooled_light)
+                                      measured_requests, pooled_host_ms, pooled_light)
 
     console = console or Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -179,8 +180,10 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
                                                 on_step=lambda text: None if text.startswith("block ") else step(text),
                                                 log_dir=out / "logs")
                 loop_ms, preempted_ms, without = pooled_light(lights)
+                host_ms = pooled_host_ms(lights)
                 model, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
-                                               preempted_ms=preempted_ms)
+                                               preempted_ms=preempted_ms, host_ms=host_ms,
+                                               host_cpus=(os.cpu_count() or 1) if host_ms is not None else 0)
                 step(calibration.describe())
                 collected = False
             if name == "location":
@@ -207,6 +210,8 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
             whatif_doc.append({"name": spec, "predictions": [p.to_json() for p in preds]})
             outcome = ScenarioOutcome(name, spec, tuple(rows))
             _print_outcome(console, outcome)
+            for note in sorted({n for p in preds for n in p.notes if n.startswith("host:")}):
+                console.print(f"  {note}", highlight=False)
             outcomes.append(outcome)
 
     predictions = out / "predictions.json"

@@ -75,6 +75,10 @@ def graph(spans_file: Path, output: Path, dot: Path | None, strict: bool, check:
         out.print(f"process CPU per request {background.process_ms:.2f} ms, of which the graphs record "
                   f"{background.traced_ms:.2f} ms: {background.background_ms:.2f} ms of background CPU "
                   "(other threads, the kernel) kept for load predictions", highlight=False)
+        if background.host_ms is not None:
+            out.print(f"the host's CPU per request {background.host_ms:.2f} ms over its {background.host_cpus} CPUs "
+                      "(the app and every other process on it): load predictions say how busy they would be",
+                      highlight=False)
     windows = sampling_windows(spans.spans)
     if windows:
         seconds = sum(w.end_ns - w.start_ns for w in windows) / 1e9

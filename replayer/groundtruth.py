@@ -75,6 +75,7 @@ __all__ = [
     "measure_loaded",
     "measure_paired",
     "measured_requests",
+    "pooled_host_ms",
     "pooled_light",
     "preempted_s",
     "route_of",
@@ -649,6 +650,17 @@ def pooled_light(lights: Sequence[GroundTruth]) -> tuple[float, float, dict[str,
     return loop_ms, preempted_ms, latencies
 
 
+def pooled_host_ms(runs: Sequence[GroundTruth]) -> float | None:
+    """The whole host's busy CPU per request over ``runs`` (``GroundTruth.host_cpu_ms``), weighted by their
+    requests, as ``analyzer.loadsim.calibrate`` takes it; None when a run did not read it."""
+    counts = [sum(len(v) for v in t.client_ms.values()) for t in runs]
+    # getattr: runs pickled before GroundTruth had the field (the accuracy benchmark's recordings)
+    busy = [getattr(t, "host_cpu_ms", (0.0, 0.0))[0] for t in runs]
+    if not runs or not all(b > 0 for b in busy) or sum(counts) < 1:
+        return None
+    return sum(b * n for b, n in zip(busy, counts, strict=True)) / sum(counts)
+
+
 def measure_paired(
     setup: ForumSetup,
     applied: Applied,
@@ -1044,16 +1056,14 @@ def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: in
 def host_cpu_s() -> tuple[float, float]:
     """(busy, steal) CPU seconds of the whole host so far, summed over its cores (psutil, ``/proc/stat``).
 
-    Busy is every state but idle, iowait and steal (user, nice, system, irq, softirq: a guest's time is in user
-    already); steal is time the hypervisor ran another guest on a vCPU that had work.
+    Busy is read as the collector reads it into its ``process`` spans (:func:`collector._process.host_busy_ns`);
+    steal is time the hypervisor ran another guest on a vCPU that had work.
     """
     import psutil  # type: ignore[import-untyped]
 
-    t = psutil.cpu_times()
-    idle = t.idle + getattr(t, "iowait", 0.0)
-    steal = getattr(t, "steal", 0.0)
-    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-    return total - idle - steal, steal
+    from collector._process import host_busy_ns
+
+    return host_busy_ns() / 1e9, getattr(psutil.cpu_times(), "steal", 0.0)
 
 
 def cpu_s(pids: Sequence[int]) -> tuple[float, float, float]:

@@ -452,9 +452,33 @@ def test_background_from_spans_takes_the_window_and_subtracts_what_the_graphs_re
     assert demand.process_ms == pytest.approx(10.0)
     assert demand.traced_ms == pytest.approx(2.0)
     assert out.meta[BACKGROUND_KEY] == pytest.approx(8.0)
+    assert demand.host_ms is None and "host_cpu_ms" not in out.meta  # spans without the host's CPU
+    # with the host's busy CPU read: per user request, carried to the graphs' meta
+    hosted = [replace(p, host_busy_ms=60.0, host_cpus=2) for p in process]
+    (out,), demand = background_from_spans([graph], requests, hosted)
+    assert demand is not None and demand.host_ms == pytest.approx(30.0) and demand.host_cpus == 2
+    assert out.meta["host_cpu_ms"] == pytest.approx(30.0) and out.meta["host_cpus"] == 2
     # no process span: unchanged, and said so
     same, none = background_from_spans([graph], requests, [])
     assert none is None and BACKGROUND_KEY not in same[0].meta
+
+
+@pytest.mark.parametrize(("host_ms", "warned"), [(12.0, False), (20.0, True)])
+def test_a_load_prediction_says_how_busy_the_host_would_be(host_ms: float, warned: bool) -> None:
+    # 8 users of 10 ms of pure loop work: 100 requests/s; at host_ms of the host's CPU a request over two cores,
+    # its cores are 60% or 100% busy, and past 85% the prediction says it is less certain
+    g = chain("GET /", compute("c", 10.0))
+    graphs = [CausalGraph(g.route, g.nodes, list(g.dag.edges), latency_ms=g.latency_ms,
+                          meta={"host_cpu_ms": host_ms, "host_cpus": 2.0})]
+    (p,) = predict(graphs, "load:8", samples=600, rng=rng())
+    (note,) = [n for n in p.notes if n.startswith("host:")]
+    assert "requests/s" in note
+    busy = float(note.split("would be ")[1].split("%")[0])
+    assert busy == pytest.approx(host_ms * 100 / 1000 / 2 * 100, rel=0.05)
+    assert ("less certain" in note) is warned
+    # at the recorded load the host is as it was: nothing to say
+    (alone,) = predict(graphs, "load:1", samples=200, rng=rng())
+    assert not [n for n in alone.notes if n.startswith("host:")]
 
 
 def test_calibrate_fits_each_user_routes_waits_to_its_latency_without_the_collector() -> None:

@@ -44,6 +44,24 @@ def test_graph_writes_graphs_dot_and_table(tmp_path: Path, spans_file: Path) -> 
     assert "root/gather#0" in result.output and "redis GET" in result.output
 
 
+def test_the_hosts_cpu_goes_from_the_spans_to_a_load_prediction(tmp_path: Path) -> None:
+    # the collector's process span read the host busy 200 ms over the window of 4 user requests: 50 ms each, at
+    # which a load of 8 users would need more than the host's two cores, and the prediction says it is weak there
+    f = _factory()
+    spans = f.write(tmp_path / "spans.jsonl", f.gather_request(), f.gather_request(shift=20, base=5),
+                    f.cache_hit_request(shift=40), f.race_request(shift=60),
+                    f.Trace(route="process").process(-0.1, 63.7, 20.0, 15.0, host_ms=200.0, cpus=2))
+    graphs = tmp_path / "g.json"
+    result = CliRunner().invoke(main, ["graph", str(spans), "-o", str(graphs), "--no-nodes"])
+    assert result.exit_code == 0, result.output
+    assert "the host's CPU per request 50.00 ms over its 2 CPUs" in result.output
+    metas = [g.get("meta", {}) for g in json.loads(graphs.read_text())["graphs"]]
+    assert all(m["host_cpu_ms"] == pytest.approx(50.0, rel=0.06) and m["host_cpus"] == 2 for m in metas)
+    result = CliRunner().invoke(main, ["whatif", str(graphs), "-s", "load:8"], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    assert "host: 50 ms of CPU per request" in result.output and "less certain" in result.output
+
+
 def test_truncated_file_warns_and_strict_fails(tmp_path: Path, spans_file: Path) -> None:
     with spans_file.open("a") as fh:
         fh.write('{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "ab')

@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import collector
@@ -42,6 +43,10 @@ def test_process_span_splits_the_cpu(tmp_path: Path) -> None:
     assert cpu.other_threads_ms >= 150 * 0.9  # the worker thread's CPU is not the loop's
     assert cpu.user_ms + cpu.system_ms >= cpu.loop_thread_ms + 150 * 0.9
     assert cpu.export_ms >= 0 and cpu.threads >= 1 and cpu.end_ns > cpu.start_ns
+    # the host's busy time holds this process's, and fits in its cores over the window
+    assert cpu.host_busy_ms is not None and cpu.host_cpus >= 1
+    assert cpu.host_busy_ms >= (cpu.user_ms + cpu.system_ms) * 0.9 - 20
+    assert cpu.host_busy_ms <= (cpu.end_ns - cpu.start_ns) / 1e6 * cpu.host_cpus + 20
 
 
 def test_only_for_spans_files() -> None:
@@ -70,3 +75,16 @@ def test_one_span_per_interval_covering_the_collection(tmp_path: Path, monkeypat
     # a window holding only the idle end sees little of the burn
     tail = process_cpu_within(samples, samples[-1].end_ns - 100_000_000, samples[-1].end_ns)
     assert tail is not None and tail.loop_thread_ms < whole.loop_thread_ms / 2
+
+
+def test_the_host_is_summed_only_where_every_interval_read_it() -> None:
+    from analyzer.spans import ProcessCpu
+
+    read = [ProcessCpu(0, 10, 1.0, 0.0, 1.0, 0.0, 1, 8.0, 2), ProcessCpu(10, 20, 1.0, 0.0, 1.0, 0.0, 1, 4.0, 2)]
+    both = process_cpu_within(read, 5, 20)
+    assert both is not None and both.host_busy_ms == pytest.approx(8.0) and both.host_cpus == 2  # 4 + 4
+    unread = [read[0], ProcessCpu(10, 20, 1.0, 0.0, 1.0, 0.0, 1)]
+    partly = process_cpu_within(unread)
+    assert partly is not None and partly.host_busy_ms is None and partly.host_cpus == 0
+    only_read = process_cpu_within(unread, 0, 10)
+    assert only_read is not None and only_read.host_busy_ms == pytest.approx(8.0)
