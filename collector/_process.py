@@ -34,7 +34,7 @@ class ProcessClock:
     def _read(self) -> tuple[int, os.times_result, int, int, int]:
         export = sum(_thread_cpu_ns(t.ident) for t in threading.enumerate()
                      if t.name.startswith(_EXPORT_THREAD_PREFIX))
-        return time.time_ns(), os.times(), _thread_cpu_ns(self.loop_thread), export, host_busy_ns()
+        return time.time_ns(), os.times(), _thread_cpu_ns(self.loop_thread), export, host_cpu_ns()[0]
 
     def emit(self) -> None:
         """Hand the span to the export pipeline; call before the pipeline shuts down (its threads still run)."""
@@ -59,21 +59,24 @@ class ProcessClock:
         _runtime.emit_span("process", None, start_ns, now_ns, attributes)
 
 
-def host_busy_ns() -> int:
-    """CPU time the whole host has been busy so far, summed over its cores, ns (0 when it cannot be read).
+def host_cpu_ns() -> tuple[int, int]:
+    """(busy, steal) CPU time of the whole host so far, summed over its cores, ns, from one reading of
+    ``/proc/stat`` (psutil); (0, 0) when it cannot be read.
 
-    Busy is every state but idle, iowait and steal (psutil's reading of ``/proc/stat``): what this process and
-    every other one on the machine ran, user and kernel. A guest's time is counted in user already.
+    Busy is every state but idle, iowait and steal: what this process and every other one on the machine ran,
+    user and kernel (a guest's time is counted in user already). Steal is time the hypervisor ran another guest
+    on a vCPU that had work.
     """
     try:
         import psutil  # type: ignore[import-untyped]
 
         t = psutil.cpu_times()
     except Exception:  # noqa: BLE001 - the collector must never fail the app: no reading, no attribute
-        return 0
-    idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "steal", 0.0)
+        return 0, 0
+    steal = getattr(t, "steal", 0.0)
+    idle = t.idle + getattr(t, "iowait", 0.0) + steal
     busy = sum(t) - idle - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-    return max(round(busy * 1e9), 0)
+    return max(round(busy * 1e9), 0), max(round(steal * 1e9), 0)
 
 
 def _thread_cpu_ns(ident: int | None) -> int:

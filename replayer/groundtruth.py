@@ -1056,14 +1056,13 @@ def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: in
 def host_cpu_s() -> tuple[float, float]:
     """(busy, steal) CPU seconds of the whole host so far, summed over its cores (psutil, ``/proc/stat``).
 
-    Busy is read as the collector reads it into its ``process`` spans (:func:`collector._process.host_busy_ns`);
+    Read as the collector reads the host into its ``process`` spans (:func:`collector._process.host_cpu_ns`);
     steal is time the hypervisor ran another guest on a vCPU that had work.
     """
-    import psutil  # type: ignore[import-untyped]
+    from collector._process import host_cpu_ns
 
-    from collector._process import host_busy_ns
-
-    return host_busy_ns() / 1e9, getattr(psutil.cpu_times(), "steal", 0.0)
+    busy, steal = host_cpu_ns()
+    return busy / 1e9, steal / 1e9
 
 
 def cpu_s(pids: Sequence[int]) -> tuple[float, float, float]:
