@@ -1283,8 +1283,7 @@ def calibrate(
     preempted_ms: float = 0.0,
     users: int = 1,
     samples: int = 2000,
-    host_ms: float | None = None,
-    host_cpus: int = 0,
+    host: tuple[float, int] | None = None,
 ) -> tuple[list[CausalGraph], Calibration]:
     """Graphs calibrated to the app without the collector, from one light run with it and one without.
 
@@ -1316,18 +1315,18 @@ def calibrate(
         The light load's users (1: as the baseline is recorded).
     samples
         Monte Carlo samples of each simulation of the fit.
-    host_ms, host_cpus
-        The whole host's busy CPU per user request in that run (the app's and every other process's on it) and
-        its CPUs, where they were read (``replayer.groundtruth.host_cpu_s``): a load prediction then says how
-        busy the host's cores would be (:func:`_host_note`).
+    host
+        (the whole host's busy CPU per user request in that run, the app's and every other process's on it; its
+        CPUs), where they were read (``replayer.groundtruth.pooled_host``): a load prediction then says how busy
+        the host's cores would be (:func:`_host_note`).
     """
     if preempted_ms < 0:
         raise ValueError(f"preempted_ms must be non-negative, got {preempted_ms}")
-    if host_ms is not None and not (host_ms >= 0 and host_cpus > 0):
-        raise ValueError(f"host_ms must be non-negative with host_cpus > 0, got {host_ms} and {host_cpus}")
+    if host is not None and not (host[0] >= 0 and host[1] > 0):
+        raise ValueError(f"host must be (CPU ms per request >= 0, CPUs > 0), got {host}")
     demand = background_demand(graphs, [g for g in graphs if g.route in routes], process_cpu_ms + preempted_ms)
-    if host_ms is not None:
-        demand = replace(demand, host_ms=host_ms, host_cpus=host_cpus)
+    if host is not None:
+        demand = replace(demand, host_ms=host[0], host_cpus=host[1])
     by_route: dict[str, float] = {}
     counts: dict[str, int] = {}
     for route in routes:

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import pickle
 import socket
 import sys
@@ -91,7 +90,7 @@ from replayer.groundtruth import (
     measure_loaded,
     measure_paired,
     measured_requests,
-    pooled_host_ms,
+    pooled_host,
     pooled_light,
 )
 
@@ -327,10 +326,8 @@ def _calibrated(graphs: list[Any], lights: list[GroundTruth]) -> tuple[list[Any]
     route the client-side latencies.
     """
     loop_ms, preempted_ms, without = pooled_light(lights)
-    host_ms = pooled_host_ms(lights)
     out, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
-                                 preempted_ms=preempted_ms, host_ms=host_ms,
-                                 host_cpus=(os.cpu_count() or 1) if host_ms is not None else 0)
+                                 preempted_ms=preempted_ms, host=pooled_host(lights))
     return out, calibration.describe()
 
 
@@ -602,12 +599,12 @@ def main(argv: list[str] | None = None) -> int:
             (light_other, light_steal), (loaded_other, loaded_steal) = _host_per_request(lights), _host_per_request(truths)
             rows[-1].update(light_other_cpu_ms=light_other, light_steal_ms=light_steal,
                             loaded_other_cpu_ms=loaded_other, loaded_steal_ms=loaded_steal)
-            busy = pooled_host_ms(truths)
-            if busy is not None:
-                rows[-1].update(host_busy_measured=throughput * busy / 1000 / (os.cpu_count() or 1))
+            host = pooled_host(truths)
+            if host is not None:
+                rows[-1].update(host_busy_measured=throughput * host[0] / 1000 / host[1])
             status(f"the host's CPU beside the app per request: {light_other:.2f} ms at one user, {loaded_other:.2f} "
                    f"at {case.users} users (steal {light_steal:.2f} and {loaded_steal:.2f})"
-                   + (f"; its cores {rows[-1]['host_busy_measured']:.0%} busy under load" if busy is not None else ""))
+                   + (f"; its cores {rows[-1]['host_busy_measured']:.0%} busy under load" if host is not None else ""))
     store.close()
 
     table = Table(title=f"What-if accuracy, forum app ({'Redis + PostgreSQL' if use_real else 'embedded'}), "

@@ -8,7 +8,6 @@ Needs no Redis or PostgreSQL: the app runs on its SQLite file and the blob servi
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from collections.abc import Mapping
@@ -104,7 +103,7 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     from analyzer.selfcheck import summarize
     from analyzer.spans import process_cpu, read_spans
     from replayer.groundtruth import (BLOB_NAME, Applied, ForumSetup, client_mix, measure_loaded, measure_paired,
-                                      measured_requests, pooled_host_ms, pooled_light)
+                                      measured_requests, pooled_host, pooled_light)
 
     console = console or Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -180,10 +179,8 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
                                                 on_step=lambda text: None if text.startswith("block ") else step(text),
                                                 log_dir=out / "logs")
                 loop_ms, preempted_ms, without = pooled_light(lights)
-                host_ms = pooled_host_ms(lights)
                 model, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
-                                               preempted_ms=preempted_ms, host_ms=host_ms,
-                                               host_cpus=(os.cpu_count() or 1) if host_ms is not None else 0)
+                                               preempted_ms=preempted_ms, host=pooled_host(lights))
                 step(calibration.describe())
                 collected = False
             if name == "location":

@@ -75,7 +75,7 @@ __all__ = [
     "measure_loaded",
     "measure_paired",
     "measured_requests",
-    "pooled_host_ms",
+    "pooled_host",
     "pooled_light",
     "preempted_s",
     "route_of",
@@ -650,15 +650,16 @@ def pooled_light(lights: Sequence[GroundTruth]) -> tuple[float, float, dict[str,
     return loop_ms, preempted_ms, latencies
 
 
-def pooled_host_ms(runs: Sequence[GroundTruth]) -> float | None:
-    """The whole host's busy CPU per request over ``runs`` (``GroundTruth.host_cpu_ms``), weighted by their
-    requests, as ``analyzer.loadsim.calibrate`` takes it; None when a run did not read it."""
+def pooled_host(runs: Sequence[GroundTruth]) -> tuple[float, int] | None:
+    """(the whole host's busy CPU per request over ``runs``, weighted by their requests, and the host's CPUs), as
+    ``analyzer.loadsim.calibrate`` takes them (``host=``); None when a run did not read the host. The runs were
+    measured on this machine (:func:`host_cpu_s`), so its CPUs are theirs."""
     counts = [sum(len(v) for v in t.client_ms.values()) for t in runs]
     # getattr: runs pickled before GroundTruth had the field (the accuracy benchmark's recordings)
     busy = [getattr(t, "host_cpu_ms", (0.0, 0.0))[0] for t in runs]
     if not runs or not all(b > 0 for b in busy) or sum(counts) < 1:
         return None
-    return sum(b * n for b, n in zip(busy, counts, strict=True)) / sum(counts)
+    return sum(b * n for b, n in zip(busy, counts, strict=True)) / sum(counts), os.cpu_count() or 1
 
 
 def measure_paired(

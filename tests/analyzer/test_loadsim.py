@@ -497,6 +497,11 @@ def test_calibrate_fits_each_user_routes_waits_to_its_latency_without_the_collec
     assert mean_latency([g for g in graphs if g.route == "GET /a"], "load:1") == pytest.approx(5.0, abs=0.01)
     with pytest.raises(ValueError, match="latencies without the collector"):
         calibrate([a], ["GET /a"], 1.5, {})
+    # the host's reading goes to every graph's meta; a reading without CPUs is named
+    hosted, _ = calibrate([a], ["GET /a"], 1.5, {"GET /a": [5.0]}, host=(12.0, 2))
+    assert hosted[0].meta["host_cpu_ms"] == pytest.approx(12.0) and hosted[0].meta["host_cpus"] == 2
+    with pytest.raises(ValueError, match=r"host must be .*got \(12.0, 0\)"):
+        calibrate([a], ["GET /a"], 1.5, {"GET /a": [5.0]}, host=(12.0, 0))
 
 
 def test_calibrate_counts_the_loops_preempted_time_as_demand() -> None:
