@@ -27,6 +27,14 @@ on its own, as the probes measured it. ``t`` is when the spell starts as predict
 added to the work before it: a spell that waited out the neighbour's busy time is followed by spells that
 meet its idle time.
 
+A work size is what the probes' work took with the neighbour paused, not its calibration: a shared machine's
+speed drifts by a fifth from one half second to the next (the probes' CPU time with it), and a neighbour's
+extra is time shared, so a probe run while the machine was slow measures, for a nominal ``W``, the extra of a
+longer spell. The paused probes are measured at the same moments as the loaded ones; the slope of their medians
+over the nominal sizes (:func:`probe_speed`) rescales the sizes to the wall time the work took then, the unit
+the app's recorded spells are in. (One benchmark run's probes took 1.58 ms per calibrated ms, another's 1.06:
+read at the nominal sizes, the first predicted the index page's extra 27 ms where 18 were measured.)
+
 Without profiles the engine falls back to :func:`cpu_slowdown`, and says so.
 """
 
@@ -43,7 +51,7 @@ import numpy.typing as npt
 from analyzer.errors import ScenarioError
 
 __all__ = ["CPU_SYSTEM", "PERIOD_MS", "StretchProfile", "cpu_api", "cpu_slowdown", "extra_ms", "phase_quantiles",
-           "stretch_profile", "work_of"]
+           "probe_speed", "stretch_profile", "work_of"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -132,11 +140,30 @@ class StretchProfile:
         return (1.0 - t) * rows[hi - 1][k] + t * rows[hi][k]
 
 
+def probe_speed(work_ms: npt.ArrayLike, idle_median_ms: npt.ArrayLike) -> float:
+    """Wall ms per calibrated ms of the probes' work while they ran: the least-squares slope of the paused
+    probes' medians over the work sizes (the intercept is the wake-up every probe pays). 1.0 with fewer than
+    two sizes, or where the slope is not positive (nothing to read a speed from).
+
+    >>> probe_speed([0.05, 0.2, 1.0, 5.0], [0.2 + 1.5 * w for w in (0.05, 0.2, 1.0, 5.0)])
+    1.5
+    >>> probe_speed([1.0], [1.3])
+    1.0
+    """
+    w = np.asarray(work_ms, dtype=np.float64)
+    m = np.asarray(idle_median_ms, dtype=np.float64)
+    if w.size < 2 or np.ptp(w) == 0:
+        return 1.0
+    slope = float(np.polyfit(w, m, 1)[0])
+    return round(slope, 12) if slope > 0 else 1.0
+
+
 def stretch_profile(store: Any, cpu_pct: float) -> StretchProfile | None:
     """The CPU profiles of ``store`` at ``cpu_pct`` (interpolated between measured levels), or None.
 
     ``store`` is a :class:`~analyzer.profiles.ProfileStore` (anything with ``keys()`` and ``select``). A work
-    size counts when it was measured with no neighbour (``cpu_pct=0``) and at some level.
+    size counts when it was measured with no neighbour (``cpu_pct=0``) and at some level. The sizes are
+    rescaled by :func:`probe_speed` to the time the work took when the probes ran (module docstring).
     """
     keys = getattr(store, "keys", None)
     if keys is None:
@@ -145,7 +172,7 @@ def stretch_profile(store: Any, cpu_pct: float) -> StretchProfile | None:
     for key in keys():
         if work_of(key.api) is not None and key.param == "cpu_pct":
             by_api.setdefault(key.api, set()).add(key.value)
-    sizes, rows, hows = [], [], []
+    sizes, idle_medians, rows, hows = [], [], [], []
     grid = (np.arange(_GRID) + 0.5) / _GRID
     for api, levels in sorted(by_api.items(), key=lambda kv: work_of(kv[0]) or 0.0):
         if 0.0 not in levels or len(levels) < 2:
@@ -153,12 +180,15 @@ def stretch_profile(store: Any, cpu_pct: float) -> StretchProfile | None:
         loaded = store.select(api, "", {}, "cpu_pct", cpu_pct)
         idle = store.select(api, "", {}, "cpu_pct", 0.0)
         sizes.append(work_of(api))
+        idle_medians.append(float(np.median(idle.samples_ms)))
         rows.append(np.quantile(loaded.samples_ms, grid) - np.quantile(idle.samples_ms, grid))
         hows.append(f"{api}: {loaded.how}")
     if not sizes:
         return None
-    return StretchProfile(cpu_pct, np.asarray(sizes, dtype=np.float64), np.vstack(rows),
-                          f"{len(sizes)} CPU profiles ({', '.join(hows)})")
+    speed = probe_speed(sizes, idle_medians)
+    return StretchProfile(cpu_pct, speed * np.asarray(sizes, dtype=np.float64), np.vstack(rows),
+                          f"{len(sizes)} CPU profiles ({', '.join(hows)}), their work taking {speed:.3g} ms per "
+                          f"calibrated ms when probed")
 
 
 def extra_ms(profile: StretchProfile, cpu_ms: npt.ArrayLike, u: npt.ArrayLike) -> FloatArray:

@@ -377,6 +377,35 @@ class TestInterferenceProfiles:
         assert predicted(2.0) == pytest.approx(1.0)  # halfway
         assert predicted(6.0) == pytest.approx(3.0)  # above: in proportion
 
+    def test_work_sizes_are_read_at_the_speed_the_probes_ran(self, tmp_path: Path) -> None:
+        # The probes' calibrated 1 and 3 ms of work took 2 and 6 ms with the neighbour paused (a machine running at
+        # half speed then): their extras belong to spells of 2 and 6 ms, and the nominal sizes would price a
+        # 4 ms spell as 4/3 of the 3 ms extra (2.0 ms) where it lies halfway between the two (1.0)
+        from analyzer.interference import cpu_api, stretch_profile
+
+        def slow_store(path: Path) -> ProfileStore:
+            s = ProfileStore(path)
+            base = np.linspace(0.0, 0.1, 201)
+            for w, shift in {1.0: 0.5, 3.0: 1.5}.items():
+                s.add(ProfileKey.make(cpu_api(w), "cpu://h", {}, "cpu_pct", 0.0), 2.0 * w + base)
+                s.add(ProfileKey.make(cpu_api(w), "cpu://h", {}, "cpu_pct", 50.0), 2.0 * w + base + shift)
+            return s
+
+        def predicted(cpu_ms: float) -> float:
+            g = graph("GET /", [io("a", [1.0] * 4), compute("c", [cpu_ms] * 4, [cpu_ms] * 4)],
+                      [("start", "a"), ("a", "c"), ("c", "end")])
+            with slow_store(tmp_path / f"p{cpu_ms}.db") as s:
+                (p,) = predict([g], "interference:cpu=50", s, samples=500, rng=rng())
+            return float(np.mean(p.predicted.samples_ms)) - 1.0 - cpu_ms
+
+        with slow_store(tmp_path / "s.db") as s:
+            profile = stretch_profile(s, 50.0)
+        assert profile is not None and profile.work_ms.tolist() == pytest.approx([2.0, 6.0])
+        assert "2 ms per calibrated ms" in profile.how
+        assert predicted(2.0) == pytest.approx(0.5)
+        assert predicted(4.0) == pytest.approx(1.0)
+        assert predicted(12.0) == pytest.approx(3.0)
+
     def test_a_level_between_profiled_levels_interpolates(self, tmp_path: Path) -> None:
         from analyzer.interference import stretch_profile
 
