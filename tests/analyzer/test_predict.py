@@ -406,6 +406,24 @@ class TestInterferenceProfiles:
         assert predicted(4.0) == pytest.approx(1.0)
         assert predicted(12.0) == pytest.approx(3.0)
 
+    def test_the_neighbour_stretches_the_background_cpu_too(self, tmp_path: Path) -> None:
+        # 3 ms of background CPU per request (other threads, under the GIL): at one user the recording holds what
+        # it cost, and a neighbour at 50% adds 3 x (4/3 - 1) = 1 ms of it, queued on the loop with the request's
+        # only call, which cannot end before it is served: a 0.5 ms call ends at 1 ms, a 2 ms call is not delayed
+        from analyzer.loadsim import with_background
+
+        def predicted(call_ms: float, background_ms: float) -> float:
+            g = graph("GET /", [io("a", [call_ms] * 4)], [("start", "a"), ("a", "end")])
+            with cpu_store(tmp_path / f"p{call_ms}-{background_ms}.db", {0.05: 0.3, 1.0: 0.8}) as s:
+                (p,) = predict(with_background([g], background_ms), "interference:cpu=50", s, samples=200,
+                               rng=rng())
+            assert any("x 1.33 with the neighbour" in n for n in p.notes) == (background_ms > 0)
+            return float(np.median(p.predicted.samples_ms))
+
+        assert predicted(0.5, 0.0) == pytest.approx(0.5)
+        assert predicted(0.5, 3.0) == pytest.approx(1.0)
+        assert predicted(2.0, 3.0) == pytest.approx(2.0)
+
     def test_a_level_between_profiled_levels_interpolates(self, tmp_path: Path) -> None:
         from analyzer.interference import stretch_profile
 
