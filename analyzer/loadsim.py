@@ -953,7 +953,7 @@ def _simulate_once(
                      "tasks' steps (queued_ms): the simulation queues the next step instead")
     notes += nesting.describe()
     notes += curves.describe()
-    user_routes = len({g.route for gi, g in enumerate(graphs) if nesting.weight(gi) > 0})
+    user_routes = len({g.route for g, w in zip(graphs, weights, strict=True) if w > 0})
     latencies = simulate(
         workloads, users, samples * max(user_routes, 1), rng, think_ms=load.think_ms,
         pool_sizes=[limit for _, limit in load.pools], scale=group_scale,
@@ -964,8 +964,7 @@ def _simulate_once(
         columns=columns,
     )
     if load.users > 1 or failures:
-        notes += _host_note(graphs, latencies, [nesting.weight(gi) > 0 for gi in range(len(graphs))], load.users,
-                            load.think_ms)
+        notes += _host_note(graphs, latencies, [w > 0 for w in weights], load.users, load.think_ms)
     return latencies, notes
 
 
@@ -1391,11 +1390,11 @@ def _background(
             row[plan.end] = demand
         out[gi] = tuple(row)
     per = f"{demand / calls:.3g} ms per io call ({calls:.3g} calls per request)" if calls > 0 else "per request"
-    what = (f"background CPU {recorded:.3g} ms per request (measured outside the requests' recorded CPU)"
-            if slowdown == 1.0 else
-            f"background CPU {recorded:.3g} ms per request (measured outside the requests' recorded CPU), x "
-            f"{slowdown:.3g} with the neighbour (the fair share)"
-            + (": what the neighbour adds to it, the recorded durations hold the rest" if users <= 1 else ""))
+    what = f"background CPU {recorded:.3g} ms per request (measured outside the requests' recorded CPU)"
+    if slowdown != 1.0:
+        what += f", x {slowdown:.3g} with the neighbour (the fair share)"
+        if users <= 1:
+            what += ": what the neighbour adds to it, the recorded durations hold the rest"
     return out, (f"{what}: {demand:.3g} ms queued on the loop's server, {per}; a call ends no sooner than its "
                  f"share is served")
 
