@@ -54,7 +54,13 @@ on which the compute segments of *all* concurrent requests run one at a time. So
   (:func:`_neighbour`): one wake-up serves every callback that is ready, so a fan-out whose answers arrive
   together pays one, where the steps after io calls, decided from the graph, would each pay their own; the
   loop's work inside an io call's wait that no step holds (its ``hidden_ms``: read callbacks, the loop's own
-  turn) joins the spell that takes in the answer, which adds only its stretch (it is in the wait already);
+  turn) joins the spell that takes in the answer;
+- a task step runs to its next ``await`` in one turn of the loop: an io call's CPU before its wait is served
+  with the step that makes the call, and its CPU after the wait with the step that takes in the answer
+  (:func:`_with_steps`), not queued behind the other tasks' steps ready between them;
+- at one user per loop, the recorded load, an io call's ``hidden_ms`` holds the loop when its answer comes in,
+  out of the call's wait, so that a fan-out's answers wait for each other's read callbacks as recorded (under
+  load the process's background CPU, which holds it, is queued instead);
 - the work a request leaves behind once it has answered (a fire-and-forget task's steps and calls' CPU) runs
   beside the next request; at one user per loop, the load the durations were recorded at, the next request's
   recorded durations hold what it cost them, so it is not queued on the loop again (queued, the example's
@@ -163,7 +169,7 @@ class Workload:
     hidden: FloatArray | None = None
     """``(nodes, columns)`` or None: io nodes' loop work inside the wait that no step holds (read callbacks, the
     loop's own turn: the node's ``hidden_ms``), part of the wait's duration. A CPU neighbour stretches it as
-    loop work when the answer comes in."""
+    loop work when the answer comes in; with ``simulate(hidden_on_loop=True)`` it holds the loop then."""
 
 
 THREAD_SYSTEMS = frozenset({"sqlite"})
@@ -196,6 +202,7 @@ def simulate(
     service_wake: ServiceWake | None = None,
     neighbour: Neighbour | None = None,
     columns: list[list[int]] | None = None,
+    hidden_on_loop: bool = False,
 ) -> list[FloatArray]:
     """Latencies of ``completions`` user requests of ``users`` closed-loop users, per workload.
 
@@ -205,7 +212,9 @@ def simulate(
     (event loops). ``wake`` is told the loop's idle gap before each piece of work that ends one and returns what
     the gap adds to it (:mod:`analyzer.wakeup`); ``service_wake`` what a resource group's idle adds to the io
     call that ends it. Latencies of nested requests are reported with their workload too; ``columns``, when
-    given, gets the column of each latency reported (per workload, in the same order).
+    given, gets the column of each latency reported (per workload, in the same order). ``hidden_on_loop``: an io
+    call's hidden loop work (:attr:`Workload.hidden`) comes out of its wait and holds the loop when the answer
+    arrives, before the call's CPU after the wait.
 
     A ``threaded`` call's thread waits for the GIL when it takes the job and when it hands the answer back:
     while the loop's thread works, until the loop has no more queued work (it then blocks in ``epoll_wait`` and
@@ -373,14 +382,17 @@ def simulate(
             # the thread takes the job once it holds the GIL; phase 6 when its work is done
             push(max(t + gil_wait(r, t) + max(d - before - after, 0.0), floor), r, j, 6)
             return
-        end_wait(r, j, max(t + max(d - before - after, 0.0), floor))
+        hidden = hidden_of(w, j, req_col[r]) if hidden_on_loop else 0.0
+        end_wait(r, j, max(t + max(d - before - after - hidden, 0.0), floor))
 
     def gil_wait(r: int, t: float) -> float:
         """How long a thread of the process waits at ``t`` for the GIL the loop's thread holds."""
         return min(max(loop_free[req_server[r]] - t, 0.0), gil_switch_ms)
 
     def hidden_of(w: Workload, j: int, col: int) -> float:
-        return float(w.hidden[j, col]) if neighbour is not None and w.hidden is not None else 0.0
+        if w.hidden is None or (neighbour is None and not hidden_on_loop):
+            return 0.0
+        return float(w.hidden[j, col])
 
     def end_wait(r: int, j: int, t: float) -> None:
         """The call's answer arrived at ``t``: its CPU after the wait holds the loop, then the call ends."""
@@ -429,7 +441,10 @@ def simulate(
                 waiting[p].append((r, j))
             continue
         if phase == 4:  # the answer arrived: the CPU after the wait, then the call ends
-            push(on_loop(r, t, 2, j, cpu_of(w, j, req_col[r])[1], hidden_of(w, j, req_col[r])), r, j, 1)
+            after, hidden = cpu_of(w, j, req_col[r])[1], hidden_of(w, j, req_col[r])
+            if hidden_on_loop:  # the read callbacks run first, then the step's parsing: one piece of loop work
+                after, hidden = after + hidden, 0.0
+            push(on_loop(r, t, 2, j, after, hidden), r, j, 1)
             continue
         if phase == 1:  # an io call (or delay) finished: release what it held
             g = w.group[j] if w.group else -1
@@ -806,6 +821,10 @@ def _simulate_once(
     # (the example's index page came out 0.3-1.15 ms above its recording with nothing changed).
     shift_levels = users > 1 or bool(failed_groups)
     ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = sync_nodes = loop_cpu_nodes = hidden_nodes = 0
+    steps_merged = 0
+    # at the recorded load the loop's work outside the steps is placed where it ran (under load the background
+    # demand, which holds its CPU, is queued instead: :func:`_background`)
+    hidden_on_loop = users == 1
     parts: list[tuple[Any, ...]] = []
     for gi, (graph, model) in enumerate(zip(graphs, models, strict=True)):
         durations = model.sample_matrix()
@@ -815,7 +834,7 @@ def _simulate_once(
         wait_scale = float(raw_wait) if isinstance(raw_wait, (int, float)) and raw_wait > 0 else None
         on_loop, pool, group, nested, server = [], [], [], [], []
         cpu_before, cpu_after = np.zeros_like(durations), np.zeros_like(durations)
-        hidden = np.zeros_like(durations) if neighbour is not None else None
+        hidden = np.zeros_like(durations) if neighbour is not None or hidden_on_loop else None
         for j, node_id in enumerate(model.plan.ids):
             node = graph.node(node_id)
             on_loop.append(node.kind is NodeKind.COMPUTE)
@@ -890,6 +909,7 @@ def _simulate_once(
             group.append(group_ids[key])
             if target < 0 and shift_levels:
                 curves.register(gi, j, node, durations[j], model.idx)
+        steps_merged += _with_steps(graph, model.plan, durations, cpu_before, cpu_after, on_loop, nested)
         has_cpu = bool(cpu_before.any() or cpu_after.any())
         holds, held_pool = _pool_holders(graph, model.plan.ids, pool)
         for w in _pool_waits(graph, model.plan.ids, held_pool):
@@ -932,7 +952,14 @@ def _simulate_once(
     if io_cpu_nodes:
         notes.append(f"{io_cpu_nodes} io nodes hold the loop for their recorded CPU (the client library's work "
                      "before and after the wait); only the rest of the call overlaps")
-    if hidden_nodes:
+    if steps_merged:
+        notes.append(f"{steps_merged} io calls' CPU before or after their wait runs in one turn of the loop with the "
+                     "step of their task that makes the call or takes in its answer")
+    if hidden_nodes and hidden_on_loop:
+        notes.append(f"{hidden_nodes} io nodes' loop work outside any step (read callbacks, the loop's own turn: "
+                     "hidden_ms) holds the loop when their answer comes in, out of their wait"
+                     + (", stretched with the spell that takes it in" if neighbour is not None else ""))
+    elif hidden_nodes:
         notes.append(f"interference: {hidden_nodes} io nodes' loop work outside any step (read callbacks, the loop's "
                      "own turn: hidden_ms) is stretched with the spell that takes in their answer")
     if loop_cpu_nodes:
@@ -961,7 +988,7 @@ def _simulate_once(
         gil_switch_ms=GIL_SWITCH_MS, neighbour=neighbour,
         service_wake=None if service_wake is None else (
             lambda k, j, col, g, idle: service_wake(k, j, col, group_names[g], idle)),
-        columns=columns,
+        columns=columns, hidden_on_loop=hidden_on_loop,
     )
     if load.users > 1 or failures:
         notes += _host_note(graphs, latencies, [w > 0 for w in weights], load.users, load.think_ms)
@@ -1006,6 +1033,44 @@ def _same_task(graph: CausalGraph, neighbours: Iterable[str], where: Mapping[str
                kind: NodeKind) -> list[str]:
     """The nodes among ``neighbours`` (in the plan) of ``kind`` that belong to ``task``."""
     return [n for n in neighbours if n in where and graph.node(n).kind is kind and graph.node(n).task == task]
+
+
+def _with_steps(graph: CausalGraph, plan: DagPlan, durations: FloatArray, cpu_before: FloatArray,
+                cpu_after: FloatArray, on_loop: Sequence[bool], nested: Sequence[int]) -> int:
+    """Serve an io call's CPU before its wait with the compute node of its task that makes the call, and its CPU
+    after the wait with the one that takes in the answer (in place); returns how many calls moved either.
+
+    A task step runs to its next ``await`` in one turn of the loop: the code before the call, the client
+    library's serialising and the write are one piece of loop work, and so are the answer's parsing and the code
+    after it. Queued apart, the steps of other tasks ready meanwhile would run between them: a ``gather`` of ten
+    blob fetches and two queries would send the queries after every fetch's first step, where the app sends
+    each in its own (the example's index page under +10 ms to PostgreSQL came out 1.6 ms long in its gather,
+    ``docs/accuracy.md``, run 85). Calls made through a nested route keep their CPU (their client side).
+    """
+    ids = plan.ids
+    where = {node_id: j for j, node_id in enumerate(ids)}
+    moved = 0
+    for j, node_id in enumerate(ids):
+        node = graph.node(node_id)
+        if node.kind is not NodeKind.IO or nested[j] >= 0:
+            continue
+        merged = False
+        preds = plan.preds[j]
+        if (len(preds) == 1 and on_loop[preds[0]] and graph.node(ids[preds[0]]).task == node.task
+                and cpu_before[j].any()):
+            durations[preds[0]] += cpu_before[j]
+            durations[j] = np.maximum(durations[j] - cpu_before[j], 0.0)
+            cpu_before[j] = 0.0
+            merged = True
+        steps = [where[n] for n in _same_task(graph, graph.dag.successors(node_id), where, node.task,
+                                              NodeKind.COMPUTE) if len(plan.preds[where[n]]) == 1]
+        if len(steps) == 1 and cpu_after[j].any():
+            durations[steps[0]] += cpu_after[j]
+            durations[j] = np.maximum(durations[j] - cpu_after[j], 0.0)
+            cpu_after[j] = 0.0
+            merged = True
+        moved += merged
+    return moved
 
 
 def _pool_holders(graph: CausalGraph, ids: Sequence[str],
