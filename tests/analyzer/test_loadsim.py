@@ -146,6 +146,43 @@ class TestCpuModel:
         assert mean_latency([g], "load:10") == pytest.approx(20.0, rel=0.01)
         assert mean_latency([chain("GET /", io("a", 10.0))], "load:10") == pytest.approx(10.0)
 
+    def test_a_calls_cpu_runs_with_the_steps_of_its_task(self) -> None:
+        # a gather of two tasks: t1's first step (0.1 ms) makes a 10 ms call whose client spends 0.5 ms before its
+        # wait and 0.5 after, and its next step (0.2 ms) takes in the answer; t2's first step takes 2 ms. The
+        # call's write is part of t1's first step, so its wait starts at 0.6 ms, not behind t2's step (at 2.6)
+        def graph(same_task: bool) -> CausalGraph:
+            t = "t1" if same_task else "other"
+            nodes = [Node("start", NodeKind.START, (0.0,) * 20), replace(compute("s1", 0.1), task="t1"),
+                     replace(io("q", 10.0, cpu=1.0, before=0.5), task=t), replace(compute("c1", 0.2), task="t1"),
+                     replace(compute("s2", 2.0), task="t2"), Node("end", NodeKind.END, (0.0,) * 20)]
+            edges = [("start", "s1"), ("s1", "q"), ("q", "c1"), ("c1", "end"), ("start", "s2"), ("s2", "end")]
+            return CausalGraph("GET /", nodes, edges, latency_ms=[10.3] * 20)
+
+        # 0.6 + 9 ms of wait + 0.5 + 0.2
+        assert simulated_mean([graph(True)], "load:1") == pytest.approx(10.3)
+        # a call the graph does not tie to the task's steps queues its CPU on its own: 2.6 + 9 + 0.5 + 0.2
+        assert simulated_mean([graph(False)], "load:1") == pytest.approx(12.3)
+        (p,) = predict([graph(True)], "load:1", samples=50, rng=rng())
+        assert any("1 io calls' CPU before or after their wait runs in one turn" in n for n in p.notes)
+
+    def test_at_one_user_the_read_callbacks_hold_the_loop_when_the_answer_comes(self) -> None:
+        # two parallel 2 ms calls whose answers each took 1 ms of the loop's read callbacks (hidden_ms) and a
+        # 0.1 ms step after them: the answers come at 1 ms, the second's callbacks wait for the first's, and its
+        # call ends at 3 ms; the steps follow (3.2). Left inside the waits, both calls ended at 2 (2.2)
+        def call(node_id: str, task: str) -> Node:
+            return replace(io(node_id, 2.0), task=task, extra={"hidden_ms": [1.0] * 20})
+
+        nodes = [Node("start", NodeKind.START, (0.0,) * 20), call("a", "ta"), replace(compute("ca", 0.1), task="ta"),
+                 call("b", "tb"), replace(compute("cb", 0.1), task="tb"), Node("end", NodeKind.END, (0.0,) * 20)]
+        edges = [("start", "a"), ("a", "ca"), ("ca", "end"), ("start", "b"), ("b", "cb"), ("cb", "end")]
+        g = CausalGraph("GET /", nodes, edges, latency_ms=[2.2] * 20)
+        assert simulated_mean([g], "load:1") == pytest.approx(3.2)
+        (p,) = predict([g], "load:1", samples=50, rng=rng())
+        assert any("hidden_ms) holds the loop when their answer comes in" in n for n in p.notes)
+        # under load the process's background demand holds that CPU: the callbacks stay inside the waits, and the
+        # two users' requests overlap but for their steps (on the loop, the callbacks would take 2 ms a request)
+        assert simulated_mean([g], "load:2") == pytest.approx(2.2, rel=0.02)
+
     def test_io_cpu_split_defaults_to_halves(self) -> None:
         g = chain("GET /", io("a", 10.0, cpu=2.0))
         assert mean_latency([g], "load:1") == pytest.approx(10.0)
