@@ -925,7 +925,8 @@ def _simulate_once(
     # weights once every nested call is known
     weights = [nesting.weight(gi) for gi in range(len(graphs))]
     background, how = _background(graphs, [p[0] for p in parts], weights, users,
-                                  cpu_slowdown(neighbours[-1].cpu_pct) if neighbours else 1.0)
+                                  cpu_slowdown(neighbours[-1].cpu_pct) if neighbours else 1.0,
+                                  with_hidden=not hidden_on_loop)
     if how:
         notes.append(how)
     # At one user per loop the recorded durations hold the threads' waits for the GIL already
@@ -1038,6 +1039,12 @@ def _same_task(graph: CausalGraph, neighbours: Iterable[str], where: Mapping[str
                kind: NodeKind) -> list[str]:
     """The nodes among ``neighbours`` (in the plan) of ``kind`` that belong to ``task``."""
     return [n for n in neighbours if n in where and graph.node(n).kind is kind and graph.node(n).task == task]
+
+
+def _hidden_per_request(graph: CausalGraph) -> float:
+    """The mean over a graph's requests of its io calls' loop work outside any step (``hidden_ms``), ms."""
+    return float(sum(np.mean(n.extra["hidden_ms"]) for n in graph.nodes
+                     if n.kind is NodeKind.IO and isinstance(n.extra.get("hidden_ms"), list) and n.extra["hidden_ms"]))
 
 
 def _with_steps(graph: CausalGraph, plan: DagPlan, durations: FloatArray, cpu_before: FloatArray,
@@ -1416,7 +1423,7 @@ def calibrate(
 
 def _background(
     graphs: Sequence[CausalGraph], plans: Sequence[DagPlan], weights: Sequence[float], users: int,
-    slowdown: float = 1.0,
+    slowdown: float = 1.0, *, with_hidden: bool = False,
 ) -> tuple[list[tuple[float, ...]], str]:
     """Per graph, per node: the background CPU each io call (or, without io, the start node) queues.
 
@@ -1437,9 +1444,16 @@ def _background(
     that keeps running.) On three benchmark recordings of the example under a neighbour at 50%, the index page,
     whose 40-odd io calls carry most of it, came out 1.9-3.4 ms short without it and 0.2-2.1 ms high with it,
     of 17-19 ms measured; the post page moved by 0.0-0.1 ms.
+
+    ``with_hidden``: the io calls' loop work outside any step (``hidden_ms``) stays inside their waits (under a
+    CPU neighbour), so it is background again, added back per user request: the graphs' ``BACKGROUND_KEY`` leaves
+    it out (:func:`~analyzer.graph.loop_cpu_ms`) for the simulation that serves it on the loop.
     """
     amounts = [float(g.meta.get(BACKGROUND_KEY, 0.0) or 0.0) for g in graphs]
     demand = max(amounts, default=0.0)
+    total = sum(weights)
+    if with_hidden and demand > 0 and total > 0:
+        demand += sum(w * _hidden_per_request(g) for g, w in zip(graphs, weights, strict=True)) / total
     out = [tuple(0.0 for _ in range(p.size)) for p in plans]
     if demand <= 0:
         return out, ""
@@ -1449,7 +1463,6 @@ def _background(
     recorded = demand
     demand *= slowdown - 1.0 if users <= 1 else slowdown
     ios = [[j for j, i in enumerate(p.ids) if g.node(i).kind is NodeKind.IO] for g, p in zip(graphs, plans, strict=True)]
-    total = sum(weights)
     calls = sum(w * len(c) for w, c in zip(weights, ios, strict=True)) / total if total > 0 else 0.0
     for gi, plan in enumerate(plans):
         row = [0.0] * plan.size

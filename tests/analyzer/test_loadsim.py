@@ -17,10 +17,12 @@ from spanfactory import Trace, write
 
 from analyzer.build import build_graphs
 from analyzer.graph import CausalGraph, Node, NodeKind, dump_graphs, load_graphs
+from analyzer.distribution import compile_dag
 from analyzer.loadsim import (
     BACKGROUND_KEY,
     CPU_SCALE_KEY,
     WAIT_SCALE_KEY,
+    _background,
     background_demand,
     calibrate,
     fit_wait_scale,
@@ -184,6 +186,18 @@ class TestCpuModel:
         assert simulated_mean([g], "load:2") >= 2 * 2.2
         # they are the process's CPU on the loop, not its background: 1 + 1 ms a request, of the 3 measured
         assert background_demand([g], [g], 3.0).background_ms == pytest.approx(3.0 - 2.2)
+
+    def test_read_callbacks_left_in_the_waits_are_background_again(self) -> None:
+        # 2 ms of background per request beside 1 ms of read callbacks on the one call: where the simulation
+        # serves the callbacks on the loop they are not background; where they stay inside the wait (under a CPU
+        # neighbour) the neighbour's stretch of them is queued with the background's, here x 1.5 at one user
+        g = with_background([chain("GET /", replace(io("a", 5.0), extra={"hidden_ms": [1.0] * 20}))], 2.0)
+        plans = [compile_dag(x) for x in g]
+        served, _ = _background(g, plans, [1.0], 1, 1.5)
+        kept, _ = _background(g, plans, [1.0], 1, 1.5, with_hidden=True)
+        call = plans[0].ids.index("a")
+        assert served[0][call] == pytest.approx(2.0 * 0.5)
+        assert kept[0][call] == pytest.approx(3.0 * 0.5)
 
     def test_io_cpu_split_defaults_to_halves(self) -> None:
         g = chain("GET /", io("a", 10.0, cpu=2.0))
