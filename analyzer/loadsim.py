@@ -57,12 +57,13 @@ on which the compute segments of *all* concurrent requests run one at a time. So
   turn) joins the spell that takes in the answer;
 - a task step runs to its next ``await`` in one turn of the loop: an io call's CPU before its wait is served
   with the step that makes the call, and its CPU after the wait with the step that takes in the answer
-  (:func:`_with_steps`), not queued behind the other tasks' steps ready between them;
+  (:func:`_with_steps`), not queued behind the other tasks' steps ready between them (not under a CPU
+  neighbour, whose model was fitted on the pieces queued apart);
 - an io call's ``hidden_ms`` (the read callbacks that take in its answer, its share of the loop's own turn)
   holds the loop when its answer comes in, out of the call's wait: a fan-out's answers wait for each other's
   callbacks, and under load the answer's callbacks queue for the loop once and the step that takes the answer
   in again, as asyncio runs them (the process's background CPU is what is left beside them,
-  :func:`~analyzer.graph.loop_cpu_ms`);
+  :func:`~analyzer.graph.loop_cpu_ms`; under a CPU neighbour they stay in the waits, stretched);
 - the work a request leaves behind once it has answered (a fire-and-forget task's steps and calls' CPU) runs
   beside the next request; at one user per loop, the load the durations were recorded at, the next request's
   recorded durations hold what it cost them, so it is not queued on the loop again (queued, the example's
@@ -98,7 +99,7 @@ import numpy.typing as npt
 
 from analyzer.distribution import DagPlan, evaluate_plan
 from analyzer.errors import ProfileError
-from analyzer.graph import CausalGraph, Node, NodeKind, loop_cpu_ms
+from analyzer.graph import CausalGraph, Node, NodeKind, hidden_loop_ms, loop_cpu_ms
 from analyzer.interference import PERIOD_MS, cpu_slowdown, stretch_profile
 from analyzer.scenario import Failure, Interference, Load, Scenario, Tier, applies, matches, route_matches
 from analyzer.wakeup import (
@@ -825,9 +826,11 @@ def _simulate_once(
     ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = sync_nodes = loop_cpu_nodes = hidden_nodes = 0
     steps_merged = 0
     # the loop's work outside the steps, where it ran: when an answer comes in (the background demand is what the
-    # process spends beside it, graph.loop_cpu_ms). Under a CPU neighbour it stays in the waits, stretched: the
-    # probes' model was fitted that way, and served on the loop it put the example's index page 5 ms high under a
-    # neighbour at 50% where it was 1 ms off (docs/accuracy.md, run 85; not understood)
+    # process spends beside it, graph.loop_cpu_ms), and an io call's CPU with its task's steps. Under a CPU
+    # neighbour the pieces stay as the probes' model was fitted on them (the read callbacks in the waits,
+    # stretched, the calls' CPU queued on its own): cut the new way, the example's index page under a neighbour
+    # at 50% came out 1.6-3.0 ms lower on two recordings, and 5 ms high with the callbacks on the loop
+    # (docs/accuracy.md, runs 85-86; not understood)
     hidden_on_loop = neighbour is None
     parts: list[tuple[Any, ...]] = []
     for gi, (graph, model) in enumerate(zip(graphs, models, strict=True)):
@@ -914,7 +917,8 @@ def _simulate_once(
             group.append(group_ids[key])
             if target < 0 and shift_levels:
                 curves.register(gi, j, node, durations[j], model.idx)
-        steps_merged += _with_steps(graph, model.plan, durations, cpu_before, cpu_after, on_loop, nested)
+        if hidden_on_loop:
+            steps_merged += _with_steps(graph, model.plan, durations, cpu_before, cpu_after, on_loop, nested)
         has_cpu = bool(cpu_before.any() or cpu_after.any())
         holds, held_pool = _pool_holders(graph, model.plan.ids, pool)
         for w in _pool_waits(graph, model.plan.ids, held_pool):
@@ -926,7 +930,7 @@ def _simulate_once(
     weights = [nesting.weight(gi) for gi in range(len(graphs))]
     background, how = _background(graphs, [p[0] for p in parts], weights, users,
                                   cpu_slowdown(neighbours[-1].cpu_pct) if neighbours else 1.0,
-                                  with_hidden=not hidden_on_loop)
+                                  served_hidden=hidden_on_loop)
     if how:
         notes.append(how)
     # At one user per loop the recorded durations hold the threads' waits for the GIL already
@@ -1221,7 +1225,10 @@ def background_demand(
     Parameters
     ----------
     graphs
-        Every graph of the process's spans over the measured window (in-process services included).
+        Every graph of the process's spans over the measured window (in-process services included): their
+        nodes' CPU (:func:`~analyzer.graph.loop_cpu_ms`) and the loop's work in their io calls' waits
+        (:func:`~analyzer.graph.hidden_loop_ms`), both served on the simulated loop, are what the process's CPU
+        is split against.
     user_graphs
         The graphs of the routes users request (their request counts are the denominator).
     process_cpu_ms
@@ -1231,7 +1238,9 @@ def background_demand(
     requests = sum(g.count for g in user_graphs)
     if requests < 1:
         raise ValueError("user_graphs hold no request")
-    return BackgroundDemand(process_cpu_ms, loop_cpu_ms(graphs) / requests)
+    # the read callbacks (hidden_ms) hold the simulated loop too; measured without the collector at one user
+    # and no neighbour, their wall time is the loop's CPU
+    return BackgroundDemand(process_cpu_ms, (loop_cpu_ms(graphs) + hidden_loop_ms(graphs)) / requests)
 
 
 def with_background(
@@ -1423,7 +1432,7 @@ def calibrate(
 
 def _background(
     graphs: Sequence[CausalGraph], plans: Sequence[DagPlan], weights: Sequence[float], users: int,
-    slowdown: float = 1.0, *, with_hidden: bool = False,
+    slowdown: float = 1.0, *, served_hidden: bool = False,
 ) -> tuple[list[tuple[float, ...]], str]:
     """Per graph, per node: the background CPU each io call (or, without io, the start node) queues.
 
@@ -1445,15 +1454,16 @@ def _background(
     whose 40-odd io calls carry most of it, came out 1.9-3.4 ms short without it and 0.2-2.1 ms high with it,
     of 17-19 ms measured; the post page moved by 0.0-0.1 ms.
 
-    ``with_hidden``: the io calls' loop work outside any step (``hidden_ms``) stays inside their waits (under a
-    CPU neighbour), so it is background again, added back per user request: the graphs' ``BACKGROUND_KEY`` leaves
-    it out (:func:`~analyzer.graph.loop_cpu_ms`) for the simulation that serves it on the loop.
+    ``served_hidden``: the simulation serves the io calls' loop work outside any step (``hidden_ms``) on the
+    loop, so under load that much of the background per user request is queued there already and comes off it
+    (graphs calibrated to a light run left it out of their background already, :func:`background_demand`).
     """
     amounts = [float(g.meta.get(BACKGROUND_KEY, 0.0) or 0.0) for g in graphs]
     demand = max(amounts, default=0.0)
     total = sum(weights)
-    if with_hidden and demand > 0 and total > 0:
-        demand += sum(w * _hidden_per_request(g) for g, w in zip(graphs, weights, strict=True)) / total
+    if served_hidden and users > 1 and demand > 0 and total > 0 and not any(CPU_SCALE_KEY in g.meta for g in graphs):
+        demand = max(demand - sum(w * _hidden_per_request(g) for g, w in zip(graphs, weights, strict=True)) / total,
+                     0.0)
     out = [tuple(0.0 for _ in range(p.size)) for p in plans]
     if demand <= 0:
         return out, ""

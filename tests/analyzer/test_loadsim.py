@@ -187,17 +187,24 @@ class TestCpuModel:
         # they are the process's CPU on the loop, not its background: 1 + 1 ms a request, of the 3 measured
         assert background_demand([g], [g], 3.0).background_ms == pytest.approx(3.0 - 2.2)
 
-    def test_read_callbacks_left_in_the_waits_are_background_again(self) -> None:
-        # 2 ms of background per request beside 1 ms of read callbacks on the one call: where the simulation
-        # serves the callbacks on the loop they are not background; where they stay inside the wait (under a CPU
-        # neighbour) the neighbour's stretch of them is queued with the background's, here x 1.5 at one user
+    def test_read_callbacks_served_on_the_loop_come_off_the_background(self) -> None:
+        # 2 ms of background per request beside 1 ms of read callbacks on the one call: under load, where the
+        # simulation serves the callbacks on the loop, 1 ms of the background is queued as them already
         g = with_background([chain("GET /", replace(io("a", 5.0), extra={"hidden_ms": [1.0] * 20}))], 2.0)
         plans = [compile_dag(x) for x in g]
-        served, _ = _background(g, plans, [1.0], 1, 1.5)
-        kept, _ = _background(g, plans, [1.0], 1, 1.5, with_hidden=True)
         call = plans[0].ids.index("a")
-        assert served[0][call] == pytest.approx(2.0 * 0.5)
-        assert kept[0][call] == pytest.approx(3.0 * 0.5)
+        served, _ = _background(g, plans, [1.0], 2, served_hidden=True)
+        kept, _ = _background(g, plans, [1.0], 2)
+        assert served[0][call] == pytest.approx(1.0)
+        assert kept[0][call] == pytest.approx(2.0)
+        # under a CPU neighbour at one user they stay in the waits: the background's stretch is of all 2 ms
+        stretched, _ = _background(g, plans, [1.0], 1, 1.5)
+        assert stretched[0][call] == pytest.approx(2.0 * 0.5)
+        # calibrated to a light run, the background left them out already (background_demand)
+        calibrated = with_background(g, background_demand(g, g, 4.0))
+        assert calibrated[0].meta[BACKGROUND_KEY] == pytest.approx(4.0 - 1.0)
+        again, _ = _background(calibrated, plans, [1.0], 2, served_hidden=True)
+        assert again[0][call] == pytest.approx(3.0)
 
     def test_io_cpu_split_defaults_to_halves(self) -> None:
         g = chain("GET /", io("a", 10.0, cpu=2.0))
