@@ -832,7 +832,7 @@ def _simulate_once(
     # process spends beside it), and an io call's CPU with its task's steps. Under a CPU neighbour the pieces stay
     # as the probes' model was fitted on them (the read callbacks in the waits, stretched; the calls' CPU queued on
     # its own): cut the new way, the example's index page under a neighbour at 50% came out 5.4 ms high with the
-    # background as recorded, 1.6-2.9 ms lower than the old cut with the callbacks taken out of it
+    # background as recorded, 1.6-3.0 ms lower than the old cut with the callbacks taken out of it
     # (docs/accuracy.md, runs 85-86). ``fitted_cut``: the scenario has such a neighbour, told to the pass that
     # simulates the recording too, so that both passes cut the loop's work alike.
     hidden_on_loop = not (neighbour is not None if fitted_cut is None else fitted_cut)
