@@ -835,7 +835,7 @@ def _simulate_once(
     # background as recorded, 1.6-3.0 ms lower than the old cut with the callbacks taken out of it
     # (docs/accuracy.md, runs 85-86). ``fitted_cut``: the scenario has such a neighbour, told to the pass that
     # simulates the recording too, so that both passes cut the loop's work alike.
-    hidden_on_loop = not (neighbour is not None if fitted_cut is None else fitted_cut)
+    hidden_on_loop = not fitted_cut if fitted_cut is not None else neighbour is None
     parts: list[tuple[Any, ...]] = []
     for gi, (graph, model) in enumerate(zip(graphs, models, strict=True)):
         durations = model.sample_matrix()
@@ -971,8 +971,7 @@ def _simulate_once(
                      "step of their task that makes the call or takes in its answer")
     if hidden_nodes and hidden_on_loop:
         notes.append(f"{hidden_nodes} io nodes' loop work outside any step (read callbacks, the loop's own turn: "
-                     "hidden_ms) holds the loop when their answer comes in, out of their wait"
-                     + (", stretched with the spell that takes it in" if neighbour is not None else ""))
+                     "hidden_ms) holds the loop when their answer comes in, out of their wait")
     elif hidden_nodes:
         notes.append(f"interference: {hidden_nodes} io nodes' loop work outside any step (read callbacks, the loop's "
                      "own turn: hidden_ms) is stretched with the spell that takes in their answer")
@@ -1047,12 +1046,6 @@ def _same_task(graph: CausalGraph, neighbours: Iterable[str], where: Mapping[str
                kind: NodeKind) -> list[str]:
     """The nodes among ``neighbours`` (in the plan) of ``kind`` that belong to ``task``."""
     return [n for n in neighbours if n in where and graph.node(n).kind is kind and graph.node(n).task == task]
-
-
-def _hidden_per_request(graph: CausalGraph) -> float:
-    """The mean over a graph's requests of its io calls' loop work outside any step (``hidden_ms``), ms."""
-    return float(sum(np.mean(n.extra["hidden_ms"]) for n in graph.nodes
-                     if n.kind is NodeKind.IO and isinstance(n.extra.get("hidden_ms"), list) and n.extra["hidden_ms"]))
 
 
 def _with_steps(graph: CausalGraph, plan: DagPlan, durations: FloatArray, cpu_before: FloatArray,
@@ -1466,8 +1459,8 @@ def _background(
     demand = max(amounts, default=0.0)
     total = sum(weights)
     if served_hidden and users > 1 and demand > 0 and total > 0 and not any(CPU_SCALE_KEY in g.meta for g in graphs):
-        demand = max(demand - sum(w * _hidden_per_request(g) for g, w in zip(graphs, weights, strict=True)) / total,
-                     0.0)
+        hidden = sum(w * hidden_loop_ms([g]) / max(g.count, 1) for g, w in zip(graphs, weights, strict=True))
+        demand = max(demand - hidden / total, 0.0)
     out = [tuple(0.0 for _ in range(p.size)) for p in plans]
     if demand <= 0:
         return out, ""
