@@ -90,7 +90,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
@@ -175,6 +175,29 @@ class Workload:
     loop work when the answer comes in; with ``simulate(hidden_on_loop=True)`` it holds the loop then."""
 
 
+@dataclass(slots=True)
+class Queueing:
+    """Where the users' requests of a :func:`simulate` run waited, measured after its warm-up: per workload, the
+    requests reported and their summed waits for the loop (a piece of loop work ready, the loop busy with
+    others') and for a pooled connection (a call ready, every connection taken); and the loops' busy time
+    over the measured span, every loop counted."""
+
+    requests: list[int] = field(default_factory=list)
+    loop_wait_ms: list[float] = field(default_factory=list)
+    pool_wait_ms: list[float] = field(default_factory=list)
+    pool_calls: list[int] = field(default_factory=list)
+    """Per workload: its calls through a pool in a request (those made on a connection the request already holds
+    not counted)."""
+    busy_ms: float = 0.0
+    span_ms: float = 0.0
+    servers: int = 1
+
+    @property
+    def loop_busy(self) -> float:
+        """The loops' utilisation over the measured span (0..1)."""
+        return self.busy_ms / (self.span_ms * self.servers) if self.span_ms > 0 else 0.0
+
+
 THREAD_SYSTEMS = frozenset({"sqlite"})
 """io systems whose asyncio clients serve each call on a thread of the app's process: aiosqlite runs every
 connection's queries on a thread of its own."""
@@ -206,6 +229,7 @@ def simulate(
     neighbour: Neighbour | None = None,
     columns: list[list[int]] | None = None,
     hidden_on_loop: bool = False,
+    queueing: Queueing | None = None,
 ) -> list[FloatArray]:
     """Latencies of ``completions`` user requests of ``users`` closed-loop users, per workload.
 
@@ -217,7 +241,8 @@ def simulate(
     call that ends it. Latencies of nested requests are reported with their workload too; ``columns``, when
     given, gets the column of each latency reported (per workload, in the same order). ``hidden_on_loop``: an io
     call's hidden loop work (:attr:`Workload.hidden`) comes out of its wait and holds the loop when the answer
-    arrives, before the call's CPU after the wait.
+    arrives, before the call's CPU after the wait. ``queueing``, when given, is filled with where the users'
+    requests waited (:class:`Queueing`).
 
     A ``threaded`` call's thread waits for the GIL when it takes the job and when it hands the answer back:
     while the loop's thread works, until the loop has no more queued work (it then blocks in ``epoll_wait`` and
@@ -265,6 +290,15 @@ def simulate(
     req_depth: list[int] = []
     req_ended: list[bool] = []
     req_phase: list[float] = []
+    req_loop_wait: list[float] = []  # per request: its summed waits for the loop, for a pooled connection
+    req_pool_wait: list[float] = []
+    pool_since: dict[tuple[int, int], float] = {}  # (request, node) -> when the call first found the pool empty
+    measured_from = 0.0 if warmup == 0 else -1.0  # when the warm-up ended (busy time counts from then)
+    if queueing is not None:
+        n = len(workloads)
+        queueing.requests, queueing.loop_wait_ms, queueing.pool_wait_ms = [0] * n, [0.0] * n, [0.0] * n
+        queueing.pool_calls = [sum(1 for p in w.pool if p >= 0) if w.pool else 0 for w in workloads]
+        queueing.busy_ms, queueing.span_ms, queueing.servers = 0.0, 0.0, max(servers, 1)
     spell_u = [0.0] * max(servers, 1)  # per CPU server: the neighbour's quantile when its loop last woke up
     spell_w = [0.0] * max(servers, 1)  # and the work it has done since (ms)
     done_count = 0
@@ -288,6 +322,8 @@ def simulate(
         req_depth.append(depth)
         req_ended.append(False)
         req_phase.append(float(rng.random()) if neighbour is not None else 0.0)
+        req_loop_wait.append(0.0)
+        req_pool_wait.append(0.0)
         begin(len(req_kind) - 1, w.plan.start, t)
 
     def new_request(t: float) -> None:
@@ -296,10 +332,15 @@ def simulate(
         issued += 1
         open_request(k, t, 0, None, 0)
 
-    def hold(server: int, t: float, d: float) -> float:
-        """FIFO single server: a job of ``d`` ms arriving at ``t`` ends then."""
+    def hold(server: int, t: float, d: float, r: int = -1) -> float:
+        """FIFO single server: a job of ``d`` ms arriving at ``t`` ends then (request ``r``'s, or nobody's)."""
         s = max(t, loop_free[server])
         loop_free[server] = s + d
+        if queueing is not None:
+            if r >= 0:
+                req_loop_wait[r] += s - t
+            if measured_from >= 0:
+                queueing.busy_ms += d
         return s + d
 
     def on_loop(r: int, t: float, site: int, j: int, d: float, hidden: float = 0.0) -> float:
@@ -309,7 +350,7 @@ def simulate(
         queue it again."""
         if req_ended[r] and users == 1:
             return t + d
-        return hold(req_server[r], t, woken(r, j, site, t, d, hidden))
+        return hold(req_server[r], t, woken(r, j, site, t, d, hidden), r)
 
     def woken(r: int, j: int, site: int, t: float, d: float, hidden: float = 0.0) -> float:
         """``d`` plus what the loop's idle gap before this work (arriving at ``t``) adds to it; ``hidden``: loop
@@ -415,6 +456,7 @@ def simulate(
         p = w.pool[j] if w.pool else -1
         if p >= 0:
             if free[p] == 0:
+                pool_since.setdefault((r, j), t)
                 waiting[p].append((r, j))
                 return
             free[p] -= 1
@@ -439,6 +481,7 @@ def simulate(
             p = w.pool[j]
             if free[p] > 0:
                 free[p] -= 1
+                req_pool_wait[r] += t - pool_since.pop((r, j), t)
                 start_io(r, j, t, float(w.durations[j, req_col[r]]))
             else:
                 waiting[p].append((r, j))
@@ -489,10 +532,17 @@ def simulate(
             # a request without io calls: its background CPU follows it (as the server's work between requests)
             hold(req_server[r], t, w.background[j])
         done_count += 1
+        if done_count == warmup and warmup:
+            measured_from = t
         if done_count > warmup:
             out[k].append(t - req_t0[r])
             if columns is not None:
                 columns[k].append(req_col[r])
+            if queueing is not None:
+                queueing.requests[k] += 1
+                queueing.loop_wait_ms[k] += req_loop_wait[r]
+                queueing.pool_wait_ms[k] += req_pool_wait[r]
+                queueing.span_ms = t - measured_from
         if done_count >= warmup + completions:
             break
         if issued < len(kinds):
@@ -994,6 +1044,8 @@ def _simulate_once(
     notes += nesting.describe()
     notes += curves.describe()
     user_routes = len({g.route for g, w in zip(graphs, weights, strict=True) if w > 0})
+    loaded = load.users > 1 or bool(failures)
+    queueing = Queueing() if loaded else None
     latencies = simulate(
         workloads, users, samples * max(user_routes, 1), rng, think_ms=load.think_ms,
         pool_sizes=[limit for _, limit in load.pools], scale=group_scale,
@@ -1001,11 +1053,42 @@ def _simulate_once(
         gil_switch_ms=GIL_SWITCH_MS, neighbour=neighbour,
         service_wake=None if service_wake is None else (
             lambda k, j, col, g, idle: service_wake(k, j, col, group_names[g], idle)),
-        columns=columns, hidden_on_loop=hidden_on_loop,
+        columns=columns, hidden_on_loop=hidden_on_loop, queueing=queueing,
     )
-    if load.users > 1 or failures:
+    if queueing is not None:
+        notes += _queueing_note(graphs, latencies, queueing, bool(load.pools))
         notes += _host_note(graphs, latencies, [w > 0 for w in weights], load.users, load.think_ms)
     return latencies, notes
+
+
+def _queueing_note(graphs: Sequence[CausalGraph], latencies: Sequence[FloatArray], queueing: Queueing,
+                   pooled: bool) -> list[str]:
+    """Where each route's simulated requests waited under load: for the loop, for a pooled connection.
+
+    What bounds a route tells what would help it: a route that waits mostly for connections gains from a bigger
+    pool, one that waits for the loop from less CPU per request or another front end. On the example app at 16
+    users, the post page (two queries, one blob) waited 26 of its 33 ms for a connection of the pool of four
+    that the index pages' 26 pooled calls kept busy, and 4 ms for the loop (``docs/accuracy.md``, run 87).
+    """
+    by_route: dict[str, list[int]] = {}
+    for k, g in enumerate(graphs):
+        if queueing.requests[k] > 0:
+            by_route.setdefault(g.route, []).append(k)
+    parts = []
+    for route, ks in by_route.items():
+        n = sum(queueing.requests[k] for k in ks)
+        mean = float(np.mean(np.concatenate([latencies[k] for k in ks])))
+        loop = sum(queueing.loop_wait_ms[k] for k in ks) / n
+        text = f"{route} (mean {mean:.3g} ms) {loop:.3g} ms for the loop"
+        calls = sum(queueing.pool_calls[k] * queueing.requests[k] for k in ks) / n
+        if pooled and calls > 0:
+            text += (f", {sum(queueing.pool_wait_ms[k] for k in ks) / n:.3g} ms for a pooled connection over "
+                     f"{calls:.3g} call{'s' if calls != 1 else ''}")
+        parts.append(text)
+    if not parts:
+        return []
+    return [f"queueing per request, summed over its steps and calls (parallel ones each counted): "
+            f"{'; '.join(parts)}; the loop {queueing.loop_busy:.0%} busy"]
 
 
 def _host_note(graphs: Sequence[CausalGraph], latencies: Sequence[FloatArray], user_routes: Sequence[bool],
@@ -1158,7 +1241,8 @@ def _io_cpu(node: Node, idx: npt.NDArray[np.intp]) -> tuple[FloatArray, FloatArr
 
 
 BACKGROUND_KEY = "background_cpu_ms"
-"""Graph ``meta`` key: CPU (ms) per user request that the process spends outside the requests' recorded CPU."""
+"""Graph ``meta`` key: CPU (ms) per user request that the process spends outside what the requests record of the
+loop's work (their nodes' CPU and their io calls' read callbacks, ``hidden_ms``)."""
 
 WAIT_SCALE_KEY = "wait_scale"
 """Graph ``meta`` key: the factor that turns recorded waits (io calls beyond their CPU, wake-ups, start/end)
@@ -1187,8 +1271,9 @@ class BackgroundDemand:
     """The process's CPU time (user + system, every thread) per user request: measured without the collector
     (psutil) to predict the app without it, or by the collector's ``process`` spans to predict it as collected."""
     traced_ms: float
-    """CPU recorded on requests' nodes per user request: compute segments and io calls' on-loop CPU, over
-    every traced route (the services a user request calls in the same process included)."""
+    """The loop's work the requests record per user request: compute segments' and io calls' on-loop CPU and
+    the read callbacks in the calls' waits (``hidden_ms``), over every traced route (the services a user
+    request calls in the same process included)."""
 
     @property
     def background_ms(self) -> float:
@@ -1237,7 +1322,13 @@ def background_demand(
         raise ValueError("user_graphs hold no request")
     # the read callbacks (hidden_ms) hold the simulated loop too; measured without the collector at one user
     # and no neighbour, their wall time is the loop's CPU
-    return BackgroundDemand(process_cpu_ms, (loop_cpu_ms(graphs) + hidden_loop_ms(graphs)) / requests)
+    return BackgroundDemand(process_cpu_ms, _recorded_loop_ms(graphs) / requests)
+
+
+def _recorded_loop_ms(graphs: Sequence[CausalGraph]) -> float:
+    """The loop's work the graphs record, summed over their requests: their nodes' CPU and the read callbacks in
+    their io calls' waits (served on the simulated loop when each answer comes in)."""
+    return loop_cpu_ms(graphs) + hidden_loop_ms(graphs)
 
 
 def with_background(
@@ -1290,7 +1381,7 @@ def background_from_spans(
     if cpu is None:
         return list(graphs), None
     users = len({r.trace_id for r in requests})
-    demand = BackgroundDemand(cpu.app_ms / users, loop_cpu_ms(graphs) / users,
+    demand = BackgroundDemand(cpu.app_ms / users, _recorded_loop_ms(graphs) / users,
                               None if cpu.host_busy_ms is None else cpu.host_busy_ms / users, cpu.host_cpus)
     return with_background(graphs, demand), demand
 
@@ -1451,16 +1542,16 @@ def _background(
     whose 40-odd io calls carry most of it, came out 1.9-3.4 ms short without it and 0.2-2.1 ms high with it,
     of 17-19 ms measured; the post page moved by 0.0-0.1 ms.
 
-    ``served_hidden``: the simulation serves the io calls' loop work outside any step (``hidden_ms``) on the
-    loop, so under load that much of the background per user request is queued there already and comes off it
-    (graphs calibrated to a light run left it out of their background already, :func:`background_demand`).
+    The background leaves out the io calls' loop work outside any step (``hidden_ms``, read callbacks:
+    :func:`background_demand`), which the simulation serves on the loop when each answer comes in. Not
+    ``served_hidden`` (under a CPU neighbour, where that work stays in the calls' waits and is stretched there),
+    it is queued with the background as well, as the CPU probes' model was fitted with it.
     """
     amounts = [float(g.meta.get(BACKGROUND_KEY, 0.0) or 0.0) for g in graphs]
     demand = max(amounts, default=0.0)
     total = sum(weights)
-    if served_hidden and users > 1 and demand > 0 and total > 0 and not any(CPU_SCALE_KEY in g.meta for g in graphs):
-        hidden = sum(w * hidden_loop_ms([g]) / max(g.count, 1) for g, w in zip(graphs, weights, strict=True))
-        demand = max(demand - hidden / total, 0.0)
+    if not served_hidden and total > 0 and any(BACKGROUND_KEY in g.meta for g in graphs):
+        demand += sum(w * hidden_loop_ms([g]) / max(g.count, 1) for g, w in zip(graphs, weights, strict=True)) / total
     out = [tuple(0.0 for _ in range(p.size)) for p in plans]
     if demand <= 0:
         return out, ""

@@ -8,6 +8,7 @@ A closed loop of N users with no think time over one FIFO CPU server of demand D
 from __future__ import annotations
 
 from dataclasses import replace
+import re
 from itertools import pairwise
 from pathlib import Path
 
@@ -187,24 +188,25 @@ class TestCpuModel:
         # they are the process's CPU on the loop, not its background: 1 + 1 ms a request, of the 3 measured
         assert background_demand([g], [g], 3.0).background_ms == pytest.approx(3.0 - 2.2)
 
-    def test_read_callbacks_served_on_the_loop_come_off_the_background(self) -> None:
-        # 2 ms of background per request beside 1 ms of read callbacks on the one call: under load, where the
-        # simulation serves the callbacks on the loop, 1 ms of the background is queued as them already
+    def test_read_callbacks_are_not_background_but_queue_with_it_under_a_neighbour(self) -> None:
+        # 1 ms of read callbacks on the one call, 2 ms of background beside them: under load the simulation
+        # serves the callbacks on the loop, so the background is queued as given
         g = with_background([chain("GET /", replace(io("a", 5.0), extra={"hidden_ms": [1.0] * 20}))], 2.0)
         plans = [compile_dag(x) for x in g]
         call = plans[0].ids.index("a")
         served, _ = _background(g, plans, [1.0], 2, served_hidden=True)
-        kept, _ = _background(g, plans, [1.0], 2)
-        assert served[0][call] == pytest.approx(1.0)
-        assert kept[0][call] == pytest.approx(2.0)
-        # under a CPU neighbour at one user they stay in the waits: the background's stretch is of all 2 ms
+        assert served[0][call] == pytest.approx(2.0)
+        # under a CPU neighbour they stay in the waits: the background's stretch is of them too (1 + 2 ms)
         stretched, _ = _background(g, plans, [1.0], 1, 1.5)
-        assert stretched[0][call] == pytest.approx(2.0 * 0.5)
-        # calibrated to a light run, the background left them out already (background_demand)
+        assert stretched[0][call] == pytest.approx(3.0 * 0.5)
+        # graphs without a background queue nothing for them
+        bare = [chain("GET /", replace(io("a", 5.0), extra={"hidden_ms": [1.0] * 20}))]
+        none, _ = _background(bare, plans, [1.0], 2, 1.5)
+        assert none[0][call] == 0.0
+        # a light run's calibration and a collected run's process spans split the process's CPU alike: the
+        # callbacks are recorded loop work, not background
         calibrated = with_background(g, background_demand(g, g, 4.0))
         assert calibrated[0].meta[BACKGROUND_KEY] == pytest.approx(4.0 - 1.0)
-        again, _ = _background(calibrated, plans, [1.0], 2, served_hidden=True)
-        assert again[0][call] == pytest.approx(3.0)
 
     def test_io_cpu_split_defaults_to_halves(self) -> None:
         g = chain("GET /", io("a", 10.0, cpu=2.0))
@@ -286,6 +288,29 @@ class TestCpuModel:
         assert mean_latency([g], "load:2?pool.redis=1") == pytest.approx(30.0, rel=0.01)
         (p,) = predict([g], "load:2?pool.redis=1", samples=100, rng=rng())
         assert any("next step ends" in n for n in p.notes)
+
+    def test_the_note_says_where_the_requests_waited(self) -> None:
+        # as above: each request holds the one connection 15 ms and waits 15 ms for the other's; the loop serves
+        # the two 5 ms steps one after the other without a wait, busy 5 ms in every 15
+        g = chain("GET /", io("a", 10.0), compute("c", 5.0))
+        (p,) = predict([g], "load:2?pool.redis=1", samples=400, rng=rng())
+        (note,) = [n for n in p.notes if n.startswith("queueing per request")]
+        found = re.search(r"GET / \(mean ([\d.]+) ms\) ([\d.e-]+) ms for the loop, ([\d.]+) ms for a pooled "
+                          r"connection over 1 call; the loop (\d+)% busy", note)
+        assert found is not None, note
+        mean, loop, pool, busy = (float(x) for x in found.groups())
+        assert mean == pytest.approx(30.0, rel=0.01)
+        assert loop == pytest.approx(0.0, abs=0.01)
+        assert pool == pytest.approx(15.0, rel=0.01)
+        assert busy == pytest.approx(33.0, abs=1.0)
+        # a saturated loop instead: three users of 2 ms of compute each wait for the two others' 4 ms
+        (q,) = predict([chain("GET /", compute("c", 2.0))], "load:3", samples=400, rng=rng())
+        (note,) = [n for n in q.notes if n.startswith("queueing per request")]
+        assert "pooled" not in note and "the loop 100% busy" in note
+        assert re.search(r"\(mean 6 ms\) 4 ms for the loop", note), note
+        # at one user nothing queues: no note
+        (one,) = predict([g], "load:1", samples=100, rng=rng())
+        assert not any(n.startswith("queueing per request") for n in one.notes)
 
     def test_another_tasks_step_does_not_hold_the_connection(self) -> None:
         g = chain("GET /", io("a", 10.0), Node("c", NodeKind.COMPUTE, (5.0,) * 20, task="other", cpu_ms=(5.0,) * 20))
@@ -518,6 +543,16 @@ def test_background_from_spans_takes_the_window_and_subtracts_what_the_graphs_re
     (out,), demand = background_from_spans([graph], requests, hosted)
     assert demand is not None and demand.host_ms == pytest.approx(30.0) and demand.host_cpus == 2
     assert out.meta["host_cpu_ms"] == pytest.approx(30.0) and out.meta["host_cpus"] == 2
+    # an io call's read callbacks (hidden_ms) are the loop's work the requests record, as in background_demand
+    called = CausalGraph("GET /", [Node("start", NodeKind.START, (0.0, 0.0)),
+                                   Node("c", NodeKind.COMPUTE, (2.0, 2.0), cpu_ms=(2.0, 2.0)),
+                                   Node("q", NodeKind.IO, (3.0, 3.0), cpu_ms=(0.5, 0.5),
+                                        extra={"hidden_ms": [1.0, 1.0]}),
+                                   Node("end", NodeKind.END, (0.0, 0.0))],
+                         [("start", "c"), ("c", "q"), ("q", "end")], latency_ms=(5.0, 5.0))
+    (out,), demand = background_from_spans([called], requests, process)
+    assert demand is not None and demand.traced_ms == pytest.approx(2.0 + 0.5 + 1.0)
+    assert out.meta[BACKGROUND_KEY] == pytest.approx(10.0 - 3.5)
     # no process span: unchanged, and said so
     same, none = background_from_spans([graph], requests, [])
     assert none is None and BACKGROUND_KEY not in same[0].meta
