@@ -112,7 +112,7 @@ from analyzer.wakeup import (
 if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
-__all__ = ["BACKGROUND_KEY", "CPU_SCALE_KEY", "HOST_CPUS_KEY", "HOST_CPU_KEY", "WAIT_SCALE_KEY", "BackgroundDemand",
+__all__ = ["BACKGROUND_KEY", "CLIENT_KEY", "CPU_SCALE_KEY", "HOST_CPUS_KEY", "HOST_CPU_KEY", "WAIT_SCALE_KEY", "BackgroundDemand",
            "Calibration", "Workload",
            "as_recorded", "at_recorded_load", "background_demand", "background_from_spans", "calibrate", "fit_wait_scale",
            "simulate", "simulate_scenario", "with_background"]
@@ -877,6 +877,7 @@ def _simulate_once(
     # (the example's index page came out 0.3-1.15 ms above its recording with nothing changed).
     shift_levels = users > 1 or bool(failed_groups)
     ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = sync_nodes = loop_cpu_nodes = hidden_nodes = 0
+    client_routes = 0
     steps_merged = 0
     # The loop's work outside the steps where it ran, when an answer comes in (the background demand is what the
     # process spends beside it), and an io call's CPU with its task's steps. Under a CPU neighbour the pieces stay
@@ -893,6 +894,9 @@ def _simulate_once(
         scale = float(raw_scale) if isinstance(raw_scale, (int, float)) and raw_scale > 0 else None
         raw_wait = graph.meta.get(WAIT_SCALE_KEY)
         wait_scale = float(raw_wait) if isinstance(raw_wait, (int, float)) and raw_wait > 0 else None
+        raw_client = graph.meta.get(CLIENT_KEY)
+        client_ms = float(raw_client) if isinstance(raw_client, (int, float)) and raw_client > 0 else 0.0
+        client_routes += client_ms > 0
         on_loop, pool, group, nested, server = [], [], [], [], []
         cpu_before, cpu_after = np.zeros_like(durations), np.zeros_like(durations)
         hidden = np.zeros_like(durations) if neighbour is not None or hidden_on_loop else None
@@ -956,6 +960,8 @@ def _simulate_once(
                 held = (cpu_before[j] + cpu_after[j] + (hidden[j] if hidden is not None else 0.0)
                         if node.kind is NodeKind.IO else 0.0)
                 durations[j] = held + np.maximum(durations[j] - held, 0.0) * wait_scale
+            if node.kind is NodeKind.START and client_ms > 0:
+                durations[j] = durations[j] + client_ms  # the request's time outside the server span, first
             nested.append(target)
             server.append(srv)
             if node.kind is not NodeKind.IO:
@@ -1005,6 +1011,12 @@ def _simulate_once(
     if any(h >= 0 for w in workloads for h in w.holds):
         notes.append("a pooled connection is returned when the calling task's next step ends (where the pool "
                      "takes it back), not when the answer arrives: under load that step waits for the loop too")
+    if client_routes:
+        outside = ", ".join(sorted({f"{g.route} {float(g.meta[CLIENT_KEY]):.3g} ms" for g in graphs
+                                    if float(g.meta.get(CLIENT_KEY, 0) or 0) > 0}))
+        notes.append(f"client side: each request starts with its time outside the server span ({outside}: the "
+                     "network, the client's own work, the server reading the request and writing the answer), so the "
+                     "latency predicted is the client's")
     waits = sorted({round(float(g.meta[WAIT_SCALE_KEY]), 3) for g in graphs if WAIT_SCALE_KEY in g.meta})
     if waits:
         notes.append(f"calibrated waits: io waits, wake-ups and start/end x {', '.join(map(str, waits))} (so that "
@@ -1252,6 +1264,12 @@ CPU_SCALE_KEY = "cpu_scale"
 """Graph ``meta`` key: the factor that turns recorded on-loop CPU into the CPU of the app without the collector
 (``min(1, process / traced)``); when present, compute nodes hold the loop for ``cpu_ms`` x it."""
 
+CLIENT_KEY = "client_ms"
+"""Graph ``meta`` key: time (ms) per request outside the server span that the latency the prediction is compared
+with holds: the network, the client's own work, the server reading the request before its span and writing the
+answer after it (a client-side latency less the server span's, :func:`calibrate`). A delay before the start
+node: the prediction is then of the client-side latency."""
+
 HOST_CPU_KEY = "host_cpu_ms"
 """Graph ``meta`` key: CPU (ms) the whole host was busy per user request at the recorded load, the app's and every
 other process's on it (from the collector's ``process`` spans)."""
@@ -1354,8 +1372,13 @@ def with_background(
     if background_ms < 0:
         raise ValueError(f"background_ms must be non-negative, got {background_ms}")
     extra[BACKGROUND_KEY] = background_ms
-    return [CausalGraph(g.route, g.nodes, list(g.dag.edges), variant=g.variant, latency_ms=g.latency_ms,
-                        trace_ids=g.trace_ids, meta={**g.meta, **extra}) for g in graphs]
+    return [_with_meta(g, extra) for g in graphs]
+
+
+def _with_meta(graph: CausalGraph, extra: Mapping[str, Any]) -> CausalGraph:
+    """A copy of ``graph`` whose ``meta`` also holds ``extra``."""
+    return CausalGraph(graph.route, graph.nodes, list(graph.dag.edges), variant=graph.variant,
+                       latency_ms=graph.latency_ms, trace_ids=graph.trace_ids, meta={**graph.meta, **extra})
 
 
 def background_from_spans(
@@ -1459,6 +1482,7 @@ def calibrate(
     users: int = 1,
     samples: int = 2000,
     host: tuple[float, int] | None = None,
+    client_ms: Mapping[str, float] | None = None,
 ) -> tuple[list[CausalGraph], Calibration]:
     """Graphs calibrated to the app without the collector, from one light run with it and one without.
 
@@ -1494,7 +1518,22 @@ def calibrate(
         (the whole host's busy CPU per user request in that run, the app's and every other process's on it; its
         CPUs), where they were read (``replayer.groundtruth.pooled_host``): a load prediction then says how busy
         the host's cores would be (:func:`_host_note`).
+    client_ms
+        route -> the time a request spends outside its server span, where ``without_ms`` are client-side
+        latencies: the collected run's mean client-side latency less its mean server-side one
+        (``replayer.groundtruth.client_side_ms``). Each request of the route then starts with that delay
+        (``CLIENT_KEY``), the waits are fitted with it, and the prediction is of the client's latency. Without
+        it, the fit scaled the waits to cover it: the example's post page, 2.4 ms at the client of which 0.6-0.9
+        ms outside the server span, could not be made long enough (its scale stopped at 1), and under load the
+        index page came out 2.5-3.8 ms high at the median and the post page 3.5-4.5 ms low (``docs/accuracy.md``,
+        runs 87-88).
     """
+    if client_ms is not None:
+        bad = {r: x for r, x in client_ms.items() if not (np.isfinite(x) and x >= 0)}
+        if bad:
+            raise ValueError(f"client_ms must be finite and non-negative, got {bad}")
+        graphs = [_with_meta(g, {CLIENT_KEY: float(client_ms[g.route])}) if g.route in client_ms else g
+                  for g in graphs]
     if preempted_ms < 0:
         raise ValueError(f"preempted_ms must be non-negative, got {preempted_ms}")
     if host is not None and not (host[0] >= 0 and host[1] > 0):

@@ -84,6 +84,7 @@ from replayer.groundtruth import (
     IDLE_MS,
     GroundTruth,
     client_mix,
+    client_side_ms,
     deploy,
     measure,
     measure_idle,
@@ -318,16 +319,18 @@ def _apart(repeat: dict[str, Any] | None) -> str:
             f"({repeat['sampling_median']:.1%}/{repeat['sampling_ks_d']:.2f})")
 
 
-def _calibrated(graphs: list[Any], lights: list[GroundTruth]) -> tuple[list[Any], str]:
+def _calibrated(graphs: list[Any], lights: list[GroundTruth], bases: list[GroundTruth]) -> tuple[list[Any], str]:
     """The graphs calibrated to the app without the collector (:func:`analyzer.loadsim.calibrate`).
 
     ``lights`` ran the baseline's light load without the collector: the CPU the app's loop was held for per
     request there (``GroundTruth.loop_cpu_ms``), the time it was preempted (``loop_preempted_ms``), and per
-    route the client-side latencies.
+    route the client-side latencies. ``bases``, the collected runs the graphs were built from, give the time a
+    request spends outside its server span (the prediction is compared with client-side latencies).
     """
     loop_ms, preempted_ms, without = pooled_light(lights)
     out, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
-                                 preempted_ms=preempted_ms, host=pooled_host(lights))
+                                 preempted_ms=preempted_ms, host=pooled_host(lights),
+                                 client_ms=client_side_ms(bases))
     return out, calibration.describe()
 
 
@@ -346,7 +349,7 @@ def _predict_by_round(spec: str, bases: list[GroundTruth], lights: list[GroundTr
     for k, (base, light) in enumerate(zip(bases, lights, strict=True)):
         problems: list[str] = []
         graphs = [g for g in build_graphs(_window_requests(base), problems=problems) if g.route in ROUTES]
-        graphs, calibration = _calibrated(graphs, [light])
+        graphs, calibration = _calibrated(graphs, [light], [base])
         status(f"round {k + 1}: {calibration}" + (f" ({len(problems)} left out: {problems[0]})" if problems else ""))
         for p in predict(graphs, spec, store, max(samples // len(bases), 1), rng):
             by_route.setdefault(p.route, []).append(p)
@@ -520,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         problems: list[str] = []
         graphs = [g for g in build_graphs(reqs, problems=problems) if g.route in ROUTES]
         if calibrate:
-            graphs, calibration = _calibrated(graphs, lights)
+            graphs, calibration = _calibrated(graphs, lights, bases)
             status(f"pooled: {calibration}")
         else:
             files = sorted({path for t in bases for path in t.spans})

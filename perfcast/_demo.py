@@ -102,8 +102,8 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     from analyzer.predict import predict
     from analyzer.selfcheck import summarize
     from analyzer.spans import process_cpu, read_spans
-    from replayer.groundtruth import (BLOB_NAME, Applied, ForumSetup, client_mix, measure_loaded, measure_paired,
-                                      measured_requests, pooled_host, pooled_light)
+    from replayer.groundtruth import (BLOB_NAME, Applied, ForumSetup, client_mix, client_side_ms, measure_loaded,
+                                      measure_paired, measured_requests, pooled_host, pooled_light)
 
     console = console or Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -180,7 +180,8 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
                                                 log_dir=out / "logs")
                 loop_ms, preempted_ms, without = pooled_light(lights)
                 model, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
-                                               preempted_ms=preempted_ms, host=pooled_host(lights))
+                                               preempted_ms=preempted_ms, host=pooled_host(lights),
+                                               client_ms=client_side_ms(bases))
                 step(calibration.describe())
                 collected = False
             if name == "location":

@@ -650,6 +650,21 @@ def pooled_light(lights: Sequence[GroundTruth]) -> tuple[float, float, dict[str,
     return loop_ms, preempted_ms, latencies
 
 
+def client_side_ms(runs: Sequence[GroundTruth]) -> dict[str, float]:
+    """Per route, the time a request spent outside its server span over ``runs`` (collected runs, which have
+    both sides), as ``analyzer.loadsim.calibrate`` takes it (``client_ms=``): the mean client-side latency less
+    the mean server-side one, pooled over the runs' requests, at least 0."""
+    client: dict[str, list[float]] = {}
+    server: dict[str, list[float]] = {}
+    for t in runs:
+        for route, xs in t.client_ms.items():
+            client.setdefault(route, []).extend(xs)
+        for route, xs in t.server_ms.items():
+            server.setdefault(route, []).extend(xs)
+    return {route: max(sum(xs) / len(xs) - sum(server[route]) / len(server[route]), 0.0)
+            for route, xs in client.items() if xs and server.get(route)}
+
+
 def pooled_host(runs: Sequence[GroundTruth]) -> tuple[float, int] | None:
     """(the whole host's busy CPU per request over ``runs``, weighted by their requests, and the host's CPUs), as
     ``analyzer.loadsim.calibrate`` takes them (``host=``); None when a run did not read the host. The runs were

@@ -21,6 +21,7 @@ from analyzer.graph import CausalGraph, Node, NodeKind, dump_graphs, load_graphs
 from analyzer.distribution import compile_dag
 from analyzer.loadsim import (
     BACKGROUND_KEY,
+    CLIENT_KEY,
     CPU_SCALE_KEY,
     WAIT_SCALE_KEY,
     _background,
@@ -597,6 +598,25 @@ def test_calibrate_fits_each_user_routes_waits_to_its_latency_without_the_collec
     assert hosted[0].meta["host_cpu_ms"] == pytest.approx(12.0) and hosted[0].meta["host_cpus"] == 2
     with pytest.raises(ValueError, match=r"host must be .*got \(12.0, 0\)"):
         calibrate([a], ["GET /a"], 1.5, {"GET /a": [5.0]}, host=(12.0, 0))
+
+
+def test_calibrate_starts_each_request_with_its_time_outside_the_server_span() -> None:
+    # 1 ms of CPU and a 4 ms call recorded server-side; the client measured 5.5 ms without the collector, 1 ms
+    # of it outside the server span: the waits are fitted to the rest, 1 + 4 s = 4.5 (s = 0.875)
+    g = chain("GET /", compute("c", 1.0), io("x", 4.0))
+    graphs, cal = calibrate([g], ["GET /"], 1.0, {"GET /": [5.5]}, client_ms={"GET /": 1.0})
+    assert graphs[0].meta[CLIENT_KEY] == 1.0 and cal.by_route["GET /"] == pytest.approx(0.875, abs=1e-3)
+    (p,) = predict(graphs, "load:1", samples=200, rng=rng())
+    assert p.predicted.mean == pytest.approx(5.5, abs=0.01)
+    assert any(n.startswith("client side: each request starts with its time outside") for n in p.notes)
+    # without it the waits would have to cover it and cannot: the scale stops at 1, 0.5 ms short
+    plain, short = calibrate([g], ["GET /"], 1.0, {"GET /": [5.5]})
+    assert short.by_route["GET /"] == pytest.approx(1.0) and CLIENT_KEY not in plain[0].meta
+    assert mean_latency(plain, "load:1") == pytest.approx(5.0, abs=0.01)
+    # under load it is a delay, not loop work: 4 users of 1 ms of CPU each do not queue (4 < 1 + 1 + 3.5)
+    assert mean_latency(graphs, "load:4") == pytest.approx(5.5, rel=0.01)
+    with pytest.raises(ValueError, match="client_ms must be finite and non-negative"):
+        calibrate([g], ["GET /"], 1.0, {"GET /": [5.5]}, client_ms={"GET /": -0.5})
 
 
 def test_calibrate_counts_the_loops_preempted_time_as_demand() -> None:

@@ -18,6 +18,7 @@ from replayer.groundtruth import (
     ForumSetup,
     GroundTruth,
     GroundTruthError,
+    client_side_ms,
     cpu_s,
     deploy,
     host_cpu_s,
@@ -360,6 +361,17 @@ def test_light_runs_pool_weighted_by_their_requests() -> None:
     assert latencies == {"GET /": [1.0] * 10, "GET /x": [2.0, 2.0]}
     # a run that did not measure its loop's CPU: the app's CPU stands for it
     assert pooled_light([light(1, 0.0, 0.0)])[0] == pytest.approx(10.0)
+
+
+def test_client_side_time_is_the_mean_client_latency_less_the_server_spans() -> None:
+    def run(client: tuple[float, ...], server: tuple[float, ...]) -> GroundTruth:
+        return GroundTruth(server_ms={"GET /": server, "GET /x": (5.0,)}, client_ms={"GET /": client, "GET /x": (4.0,)},
+                           resources={}, users=1, throughput_rps=1.0, errors=0, elapsed_s=1.0)
+
+    got = client_side_ms([run((3.0, 5.0), (2.0, 4.0)), run((7.0,), (5.5,))])
+    # pooled over the runs' requests: (3 + 5 + 7) / 3 - (2 + 4 + 5.5) / 3; never below 0
+    assert got == {"GET /": pytest.approx(15 / 3 - 11.5 / 3), "GET /x": 0.0}
+    assert client_side_ms([]) == {}
 
 
 def test_an_app_that_cannot_start_raises_with_its_log() -> None:
