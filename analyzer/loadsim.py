@@ -1079,8 +1079,9 @@ def _queueing_note(graphs: Sequence[CausalGraph], latencies: Sequence[FloatArray
 
     What bounds a route tells what would help it: a route that waits mostly for connections gains from a bigger
     pool, one that waits for the loop from less CPU per request or another front end. On the example app at 16
-    users, the post page (two queries, one blob) waited 26 of its 33 ms for a connection of the pool of four
-    that the index pages' 26 pooled calls kept busy, and 4 ms for the loop (``docs/accuracy.md``, run 87).
+    users, the post page (one pooled query, its connection's reset, one blob) waited 25 of its 32 ms for a
+    connection of the pool of four, which the index pages' 13 pooled calls each kept busy, and 4.5 ms for the
+    loop (``docs/accuracy.md``, run 87).
     """
     by_route: dict[str, list[int]] = {}
     for k, g in enumerate(graphs):
@@ -1525,8 +1526,7 @@ def calibrate(
         (``CLIENT_KEY``), the waits are fitted with it, and the prediction is of the client's latency. Without
         it, the fit scaled the waits to cover it: the example's post page, 2.4 ms at the client of which 0.6-0.9
         ms outside the server span, could not be made long enough (its scale stopped at 1), and under load the
-        index page came out 2.5-3.8 ms high at the median and the post page 3.5-4.5 ms low (``docs/accuracy.md``,
-        runs 87-88).
+        index page came out 3.4-3.8 ms high at the median, 1.3-1.5 with it (``docs/accuracy.md``, runs 87-88).
     """
     if client_ms is not None:
         bad = {r: x for r, x in client_ms.items() if not (np.isfinite(x) and x >= 0)}
