@@ -208,7 +208,9 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
             whatif_doc.append({"name": spec, "predictions": [p.to_json() for p in preds]})
             outcome = ScenarioOutcome(name, spec, tuple(rows))
             _print_outcome(console, outcome)
-            for note in sorted({n for p in preds for n in p.notes if n.startswith("host:")}):
+            # under load: where the requests waited (the loop, the pool) and how busy the host's cores would be
+            for note in sorted({n for p in preds for n in p.notes if n.startswith(("queueing per request", "host:"))},
+                               reverse=True):
                 console.print(f"  {note}", highlight=False)
             outcomes.append(outcome)
 

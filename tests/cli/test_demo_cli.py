@@ -62,6 +62,10 @@ def test_quick_run_predicts_and_measures_location_and_load(tmp_path: Path) -> No
     for scenario in doc["scenarios"]:
         assert all(any(n.startswith("wake-up: ") for n in p["notes"]) for p in scenario["predictions"]), scenario["name"]
 
+    # under load the demo says where the requests waited, with the numbers of the prediction's own note
+    (load_note,) = {n for p in doc["scenarios"][1]["predictions"] for n in p["notes"]
+                    if n.startswith("queueing per request")}
+    assert "ms for the loop" in load_note and " ".join(load_note.split()[:8]) in " ".join(text.split())
     for words in ("1. collect", "2. causal graphs", "self-check", "location:blob=+20ms", "wake-up profile", "load:4", "KS D",
                   "median dev", str(result.graphs), "perfcast whatif"):
         assert words in text, words
