@@ -113,7 +113,7 @@ if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
 __all__ = ["BACKGROUND_KEY", "CLIENT_KEY", "CPU_SCALE_KEY", "HOST_CPUS_KEY", "HOST_CPU_KEY", "WAIT_SCALE_KEY", "BackgroundDemand",
-           "Calibration", "Workload",
+           "Calibration", "Queueing", "Workload",
            "as_recorded", "at_recorded_load", "background_demand", "background_from_spans", "calibrate", "fit_wait_scale",
            "simulate", "simulate_scenario", "with_background"]
 
