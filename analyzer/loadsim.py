@@ -877,7 +877,7 @@ def _simulate_once(
     # (the example's index page came out 0.3-1.15 ms above its recording with nothing changed).
     shift_levels = users > 1 or bool(failed_groups)
     ready_nodes = io_cpu_nodes = calibrated_nodes = pool_waits = sync_nodes = loop_cpu_nodes = hidden_nodes = 0
-    client_routes = 0
+    client_side: dict[str, float] = {}  # route -> its requests' time outside the server span, where given
     steps_merged = 0
     # The loop's work outside the steps where it ran, when an answer comes in (the background demand is what the
     # process spends beside it), and an io call's CPU with its task's steps. Under a CPU neighbour the pieces stay
@@ -896,7 +896,8 @@ def _simulate_once(
         wait_scale = float(raw_wait) if isinstance(raw_wait, (int, float)) and raw_wait > 0 else None
         raw_client = graph.meta.get(CLIENT_KEY)
         client_ms = float(raw_client) if isinstance(raw_client, (int, float)) and raw_client > 0 else 0.0
-        client_routes += client_ms > 0
+        if client_ms > 0:
+            client_side[graph.route] = client_ms
         on_loop, pool, group, nested, server = [], [], [], [], []
         cpu_before, cpu_after = np.zeros_like(durations), np.zeros_like(durations)
         hidden = np.zeros_like(durations) if neighbour is not None or hidden_on_loop else None
@@ -1011,9 +1012,8 @@ def _simulate_once(
     if any(h >= 0 for w in workloads for h in w.holds):
         notes.append("a pooled connection is returned when the calling task's next step ends (where the pool "
                      "takes it back), not when the answer arrives: under load that step waits for the loop too")
-    if client_routes:
-        outside = ", ".join(sorted({f"{g.route} {float(g.meta[CLIENT_KEY]):.3g} ms" for g in graphs
-                                    if float(g.meta.get(CLIENT_KEY, 0) or 0) > 0}))
+    if client_side:
+        outside = ", ".join(f"{route} {ms:.3g} ms" for route, ms in sorted(client_side.items()))
         notes.append(f"client side: each request starts with its time outside the server span ({outside}: the "
                      "network, the client's own work, the server reading the request and writing the answer), so the "
                      "latency predicted is the client's")

@@ -7,8 +7,8 @@ A closed loop of N users with no think time over one FIFO CPU server of demand D
 
 from __future__ import annotations
 
-from dataclasses import replace
 import re
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
