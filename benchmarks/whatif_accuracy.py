@@ -359,13 +359,13 @@ def _predict_by_round(spec: str, bases: list[GroundTruth], lights: list[GroundTr
             for ps in by_route.values() if len(ps) == len(bases)]
 
 
-def _loop_per_request(runs: list[GroundTruth]) -> tuple[float, float]:
-    """(the app loop's demand per request, its CPU and the time it was preempted as ``pooled_light`` pools them,
-    and its sleeps per request) over ``runs``, weighted by their requests; 0 sleeps where a recording did not
-    count them."""
+def _loop_per_request(runs: list[GroundTruth]) -> tuple[float, float, float]:
+    """(the app loop's CPU and the time it was preempted per request, as ``pooled_light`` pools them, and its
+    sleeps per request) over ``runs``, weighted by their requests; 0 sleeps where a recording did not count
+    them. The demand the prediction takes is the first two summed."""
     loop_ms, preempted_ms, latencies = pooled_light(runs)
     sleeps = sum(getattr(t, "loop_wakeups", 0.0) * sum(len(v) for v in t.client_ms.values()) for t in runs)
-    return loop_ms + preempted_ms, sleeps / max(sum(len(v) for v in latencies.values()), 1)
+    return loop_ms, preempted_ms, sleeps / max(sum(len(v) for v in latencies.values()), 1)
 
 
 def _host_per_request(runs: list[GroundTruth]) -> tuple[float, float]:
@@ -593,12 +593,25 @@ def main(argv: list[str] | None = None) -> int:
             # demand per request (CPU + preempted) and its sleeps in epoll_wait per request, light against loaded:
             # a loop that no longer idles needs less per request (the prediction takes the light runs' demand)
             loop_ms = 1000 / throughput
-            (light_ms, light_sleeps), (loaded_ms, loaded_sleeps) = _loop_per_request(lights), _loop_per_request(truths)
-            rows[-1].update(loop_ms_per_request=loop_ms, light_demand_ms=light_ms, light_wakeups=light_sleeps,
-                            loaded_demand_ms=loaded_ms, loaded_wakeups=loaded_sleeps)
+            (light_cpu, light_pre, light_sleeps), (loaded_cpu, loaded_pre, loaded_sleeps) = (
+                _loop_per_request(lights), _loop_per_request(truths))
+            rows[-1].update(loop_ms_per_request=loop_ms, light_demand_ms=light_cpu + light_pre,
+                            light_wakeups=light_sleeps, loaded_demand_ms=loaded_cpu + loaded_pre,
+                            loaded_wakeups=loaded_sleeps, light_loop_cpu_ms=light_cpu,
+                            light_preempted_ms=light_pre, loaded_loop_cpu_ms=loaded_cpu,
+                            loaded_preempted_ms=loaded_pre,
+                            round_throughput_rps=[[t.throughput_rps for t in lights],
+                                                  [t.throughput_rps for t in truths]])
+            # The demand's two parts move apart under load: the CPU falls as the loop sleeps less, the time it is
+            # preempted grows with the host's other processes (docs/accuracy.md, run 90)
             status(f"throughput {throughput:.1f} req/s = {loop_ms:.2f} ms of loop per request at saturation; the "
-                   f"loop's demand per request {light_ms:.2f} ms at one user ({light_sleeps:.1f} wake-ups), "
-                   f"{loaded_ms:.2f} ms at {case.users} users ({loaded_sleeps:.1f} wake-ups)")
+                   f"loop's demand per request {light_cpu + light_pre:.2f} ms at one user ({light_cpu:.2f} CPU + "
+                   f"{light_pre:.2f} preempted, {light_sleeps:.1f} wake-ups), {loaded_cpu + loaded_pre:.2f} ms at "
+                   f"{case.users} users ({loaded_cpu:.2f} + {loaded_pre:.2f}, {loaded_sleeps:.1f} wake-ups); "
+                   f"throughput by round "
+                   + ", ".join(f"{a.throughput_rps:.1f} -> {b.throughput_rps:.1f}"
+                               for a, b in zip(lights, truths, strict=False))
+                   + " req/s (light -> loaded)")
             (light_other, light_steal), (loaded_other, loaded_steal) = _host_per_request(lights), _host_per_request(truths)
             rows[-1].update(light_other_cpu_ms=light_other, light_steal_ms=light_steal,
                             loaded_other_cpu_ms=loaded_other, loaded_steal_ms=loaded_steal)
