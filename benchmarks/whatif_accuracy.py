@@ -602,8 +602,8 @@ def main(argv: list[str] | None = None) -> int:
                             loaded_preempted_ms=loaded_pre,
                             round_throughput_rps=[[t.throughput_rps for t in lights],
                                                   [t.throughput_rps for t in truths]])
-            # The demand's two parts move apart under load: the CPU falls as the loop sleeps less, the time it is
-            # preempted grows with the host's other processes (docs/accuracy.md, run 90)
+            # The demand's two parts can move apart under load: the CPU falls as the loop sleeps less, while the
+            # time it is preempted doubled on one machine and stayed flat on another (docs/accuracy.md, runs 90-91)
             status(f"throughput {throughput:.1f} req/s = {loop_ms:.2f} ms of loop per request at saturation; the "
                    f"loop's demand per request {light_cpu + light_pre:.2f} ms at one user ({light_cpu:.2f} CPU + "
                    f"{light_pre:.2f} preempted, {light_sleeps:.1f} wake-ups), {loaded_cpu + loaded_pre:.2f} ms at "
