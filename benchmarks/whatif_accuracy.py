@@ -601,7 +601,10 @@ def main(argv: list[str] | None = None) -> int:
                             light_preempted_ms=light_pre, loaded_loop_cpu_ms=loaded_cpu,
                             loaded_preempted_ms=loaded_pre,
                             round_throughput_rps=[[t.throughput_rps for t in lights],
-                                                  [t.throughput_rps for t in truths]])
+                                                  [t.throughput_rps for t in truths]],
+                            round_loop_cpu_ms=[[_loop_per_request([t])[0] for t in runs] for runs in (lights, truths)],
+                            round_preempted_ms=[[_loop_per_request([t])[1] for t in runs]
+                                                for runs in (lights, truths)])
             # The demand's two parts can move apart under load: the CPU falls as the loop sleeps less, while the
             # time it is preempted doubled on one machine and stayed flat on another (docs/accuracy.md, runs 90-91)
             status(f"throughput {throughput:.1f} req/s = {loop_ms:.2f} ms of loop per request at saturation; the "
