@@ -641,6 +641,13 @@ def as_recorded(scenario: Scenario) -> Scenario:
     return replace(scenario, changes=tuple(c for c in scenario.changes if isinstance(c, Load)))
 
 
+def _positive_meta(graph: CausalGraph, key: str) -> float | None:
+    """``graph.meta[key]`` as a float where it is a positive number, else None (absent, or not a number a
+    calibration writes)."""
+    raw = graph.meta.get(key)
+    return float(raw) if isinstance(raw, (int, float)) and raw > 0 else None
+
+
 def _recalibrated(graph: CausalGraph) -> bool:
     """Whether the graph's durations were calibrated to a deployment other than the recorded one (the app
     without the collector, :func:`with_background`), whose latencies the recording does not give."""
@@ -890,12 +897,9 @@ def _simulate_once(
     parts: list[tuple[Any, ...]] = []
     for gi, (graph, model) in enumerate(zip(graphs, models, strict=True)):
         durations = model.sample_matrix()
-        raw_scale = graph.meta.get(CPU_SCALE_KEY)
-        scale = float(raw_scale) if isinstance(raw_scale, (int, float)) and raw_scale > 0 else None
-        raw_wait = graph.meta.get(WAIT_SCALE_KEY)
-        wait_scale = float(raw_wait) if isinstance(raw_wait, (int, float)) and raw_wait > 0 else None
-        raw_client = graph.meta.get(CLIENT_KEY)
-        client_ms = float(raw_client) if isinstance(raw_client, (int, float)) and raw_client > 0 else 0.0
+        scale = _positive_meta(graph, CPU_SCALE_KEY)
+        wait_scale = _positive_meta(graph, WAIT_SCALE_KEY)
+        client_ms = _positive_meta(graph, CLIENT_KEY) or 0.0
         if client_ms > 0:
             client_side[graph.route] = client_ms
         on_loop, pool, group, nested, server = [], [], [], [], []

@@ -643,24 +643,23 @@ def pooled_light(lights: Sequence[GroundTruth]) -> tuple[float, float, dict[str,
     # getattr: runs pickled before GroundTruth had these fields (the accuracy benchmark's recordings)
     loop_ms = per_request([getattr(t, "loop_cpu_ms", 0.0) or sum(t.app_cpu_ms) for t in lights])
     preempted_ms = per_request([getattr(t, "loop_preempted_ms", 0.0) for t in lights])
-    latencies: dict[str, list[float]] = {}
-    for t in lights:
-        for route, xs in t.client_ms.items():
-            latencies.setdefault(route, []).extend(xs)
-    return loop_ms, preempted_ms, latencies
+    return loop_ms, preempted_ms, _by_route(t.client_ms for t in lights)
+
+
+def _by_route(runs: Iterable[Mapping[str, Sequence[float]]]) -> dict[str, list[float]]:
+    """route -> the latencies of every run's mapping for it, pooled in the runs' order."""
+    out: dict[str, list[float]] = {}
+    for run in runs:
+        for route, xs in run.items():
+            out.setdefault(route, []).extend(xs)
+    return out
 
 
 def client_side_ms(runs: Sequence[GroundTruth]) -> dict[str, float]:
     """Per route, the time a request spent outside its server span over ``runs`` (collected runs, which have
     both sides), as ``analyzer.loadsim.calibrate`` takes it (``client_ms=``): the mean client-side latency less
     the mean server-side one, pooled over the runs' requests, at least 0."""
-    client: dict[str, list[float]] = {}
-    server: dict[str, list[float]] = {}
-    for t in runs:
-        for route, xs in t.client_ms.items():
-            client.setdefault(route, []).extend(xs)
-        for route, xs in t.server_ms.items():
-            server.setdefault(route, []).extend(xs)
+    client, server = _by_route(t.client_ms for t in runs), _by_route(t.server_ms for t in runs)
     return {route: max(sum(xs) / len(xs) - sum(server[route]) / len(server[route]), 0.0)
             for route, xs in client.items() if xs and server.get(route)}
 
