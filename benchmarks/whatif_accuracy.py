@@ -595,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
             loop_ms = 1000 / throughput
             (light_cpu, light_pre, light_sleeps), (loaded_cpu, loaded_pre, loaded_sleeps) = (
                 _loop_per_request(lights), _loop_per_request(truths))
+            by_round = [[_loop_per_request([t]) for t in runs] for runs in (lights, truths)]
             rows[-1].update(loop_ms_per_request=loop_ms, light_demand_ms=light_cpu + light_pre,
                             light_wakeups=light_sleeps, loaded_demand_ms=loaded_cpu + loaded_pre,
                             loaded_wakeups=loaded_sleeps, light_loop_cpu_ms=light_cpu,
@@ -602,9 +603,8 @@ def main(argv: list[str] | None = None) -> int:
                             loaded_preempted_ms=loaded_pre,
                             round_throughput_rps=[[t.throughput_rps for t in lights],
                                                   [t.throughput_rps for t in truths]],
-                            round_loop_cpu_ms=[[_loop_per_request([t])[0] for t in runs] for runs in (lights, truths)],
-                            round_preempted_ms=[[_loop_per_request([t])[1] for t in runs]
-                                                for runs in (lights, truths)])
+                            round_loop_cpu_ms=[[cpu for cpu, _, _ in side] for side in by_round],
+                            round_preempted_ms=[[pre for _, pre, _ in side] for side in by_round])
             # The demand's two parts can move apart under load: the CPU falls as the loop sleeps less, while the
             # time it is preempted doubled on one machine and stayed flat on another (docs/accuracy.md, runs 90-91)
             status(f"throughput {throughput:.1f} req/s = {loop_ms:.2f} ms of loop per request at saturation; the "
