@@ -45,7 +45,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -63,6 +63,7 @@ __all__ = [
     "GroundTruthError",
     "IDLE_MS",
     "IdleRun",
+    "LoopLevel",
     "Resource",
     "client_mix",
     "cpu_s",
@@ -76,6 +77,7 @@ __all__ = [
     "measure_paired",
     "measured_requests",
     "pooled_host",
+    "pooled_levels",
     "pooled_light",
     "preempted_s",
     "route_of",
@@ -151,6 +153,26 @@ class Applied:
 
 
 @dataclass(frozen=True, slots=True)
+class LoopLevel:
+    """The app's event loop at a few users, measured beside a light run (:func:`measure_loaded`)."""
+
+    users: int
+    loop_cpu_ms: float
+    """CPU the serving replica's loop was held for, per request (:func:`loop_cpu_s`)."""
+    preempted_ms: float
+    """Time that loop was preempted, per request (:func:`preempted_s`)."""
+    requests: int
+    throughput_rps: float
+    host_cpu_ms: float = 0.0
+    """The whole host's busy CPU per request (:func:`host_cpu_s`), the app's and every other process's; 0 where
+    it was not read."""
+
+    def to_json(self) -> dict[str, float]:
+        return {"users": self.users, "loop_cpu_ms": self.loop_cpu_ms, "preempted_ms": self.preempted_ms,
+                "requests": self.requests, "throughput_rps": self.throughput_rps, "host_cpu_ms": self.host_cpu_ms}
+
+
+@dataclass(frozen=True, slots=True)
 class GroundTruth:
     """What one deployment measured."""
 
@@ -193,6 +215,10 @@ class GroundTruth:
     """(busy, steal) CPU time of the whole host in the measured window, summed over its cores, per measured
     request (:func:`host_cpu_s`): busy less the app's own CPU is what the processes beside it (its database, its
     cache, the load client) took from the same cores; steal is what the hypervisor gave to other guests."""
+    levels: tuple[LoopLevel, ...] = ()
+    """A light run's short runs at a few more users, right after it in the same deployment
+    (:func:`measure_loaded`): the loop's demand as the load grows. The last field, so that recordings pickled
+    before it still load."""
 
     def latencies(self, route: str) -> tuple[float, ...]:
         """Server-side latencies of ``route`` when recorded, else client-side."""
@@ -211,7 +237,7 @@ class GroundTruth:
             "spans": list(self.spans), "window_ns": list(self.window_ns), "app_cpu_ms": list(self.app_cpu_ms),
             "loop_cpu_ms": self.loop_cpu_ms, "loop_preempted_ms": self.loop_preempted_ms,
             "loop_wakeups": self.loop_wakeups, "slices_ns": [list(s) for s in self.slices_ns],
-            "host_cpu_ms": list(self.host_cpu_ms),
+            "host_cpu_ms": list(self.host_cpu_ms), "levels": [x.to_json() for x in self.levels],
         }
 
 
@@ -596,6 +622,8 @@ def measure_loaded(
     warmup_requests: int = 20,
     max_duration_s: float = 60.0,
     paths: Sequence[str] = APP_PATHS,
+    levels: Sequence[int] = (),
+    level_requests: int | None = None,
     log_dir: str | os.PathLike[str] | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> tuple[list[GroundTruth], list[GroundTruth]]:
@@ -608,9 +636,19 @@ def measure_loaded(
     each, client-side: the light phases calibrate a prediction of the loaded ones
     (``analyzer.loadsim.calibrate``), and this machine's speed drifts by more between two deployments a minute
     apart than a prediction may be off, so both are measured in one deployment, a few seconds apart.
+
+    ``levels``: a light phase also runs that many users (each fewer than ``users``), ``level_requests`` measured
+    requests each (default ``light_requests // 2``), right after its one-user run and to the same replica; the
+    loop's CPU and preempted time and the host's busy CPU there go into its :attr:`GroundTruth.levels`
+    (:func:`pooled_levels`).
     """
     if users < 2 or requests < 1 or light_requests < 1 or blocks < 1 or warmup_requests < 0:
         raise ValueError("need users >= 2, requests, light_requests and blocks >= 1, warmup_requests >= 0")
+    if any(not 1 < n < users for n in levels) or len(set(levels)) != len(levels):
+        raise ValueError(f"levels must be distinct user counts between 1 and {users} (exclusive), got {list(levels)}")
+    level_requests = max(light_requests // 2, 1) if level_requests is None else level_requests
+    if level_requests < 1:
+        raise ValueError(f"level_requests must be positive, got {level_requests}")
     step = on_step or (lambda text: None)
     rng = random.Random(setup.seed)
     lights: list[GroundTruth] = []
@@ -620,13 +658,24 @@ def measure_loaded(
             seed = None if setup.seed is None else setup.seed + k
             for loaded in rng.sample([False, True], 2):
                 step(f"block {k + 1} of {blocks}: " + (f"{users} users, {requests} requests" if loaded else
-                                                       f"1 user, {light_requests} requests"))
+                                                       f"1 user, {light_requests} requests"
+                                                       + "".join(f", then {n} users" for n in sorted(levels))))
                 result, window, cpu = _load(d.url if loaded else d.app_urls[0], users if loaded else 1,
                                             requests if loaded else light_requests, max_duration_s,
                                             warmup_requests if loaded else min(warmup_requests, 5), paths, seed,
                                             d.app_pids)
-                (truths if loaded else lights).append(
-                    _truth(d, users if loaded else 1, result, window, cpu, {}, []))
+                truth = _truth(d, users if loaded else 1, result, window, cpu, {}, [])
+                if loaded:
+                    truths.append(truth)
+                    continue
+                measured = []
+                for n in sorted(levels):
+                    at = _truth(d, n, *_load(d.app_urls[0], n, level_requests, max_duration_s,
+                                             min(warmup_requests, 5), paths, seed, d.app_pids), {}, [])
+                    count = sum(len(v) for v in at.client_ms.values())
+                    measured.append(LoopLevel(n, at.loop_cpu_ms, at.loop_preempted_ms, count, at.throughput_rps,
+                                              at.host_cpu_ms[0]))
+                lights.append(replace(truth, levels=tuple(measured)))
     return lights, truths
 
 
@@ -644,6 +693,28 @@ def pooled_light(lights: Sequence[GroundTruth]) -> tuple[float, float, dict[str,
     loop_ms = per_request([getattr(t, "loop_cpu_ms", 0.0) or sum(t.app_cpu_ms) for t in lights])
     preempted_ms = per_request([getattr(t, "loop_preempted_ms", 0.0) for t in lights])
     return loop_ms, preempted_ms, _by_route(t.client_ms for t in lights)
+
+
+def pooled_levels(lights: Sequence[GroundTruth]) -> list[tuple[int, float, float, float | None]]:
+    """The light runs' :attr:`GroundTruth.levels` pooled by users, as ``analyzer.loadsim.calibrate`` takes them
+    (``levels=``): (users, the loop's CPU per request, its preempted time per request, the host's busy CPU per
+    request or None where a run did not read it), weighted by each run's requests at that level, users
+    ascending; empty where no run measured a level."""
+    by_users: dict[int, list[LoopLevel]] = {}
+    for t in lights:
+        for x in getattr(t, "levels", ()):  # getattr: runs pickled before GroundTruth had the field
+            by_users.setdefault(x.users, []).append(x)
+    out: list[tuple[int, float, float, float | None]] = []
+    for n, xs in sorted(by_users.items()):
+        weight = max(sum(x.requests for x in xs), 1)
+
+        def mean(values: Iterable[float], xs: list[LoopLevel] = xs, weight: int = weight) -> float:
+            return sum(v * x.requests for v, x in zip(values, xs, strict=True)) / weight
+
+        host = [getattr(x, "host_cpu_ms", 0.0) for x in xs]
+        out.append((n, mean(x.loop_cpu_ms for x in xs), mean(x.preempted_ms for x in xs),
+                    mean(host) if all(h > 0 for h in host) else None))
+    return out
 
 
 def _by_route(runs: Iterable[Mapping[str, Sequence[float]]]) -> dict[str, list[float]]:
@@ -1064,8 +1135,11 @@ def _load(url: str, users: int, requests: int, max_duration_s: float, warmup: in
         raise GroundTruthError(str(exc)) from None
     if not result.latencies_ms:
         raise GroundTruthError(f"no request succeeded: {'; '.join(result.error_examples) or 'no answer'}")
+    # the host's CPU over the client's own run where it read it: around its process, the client's start-up
+    # (about 0.35 s of CPU) was 1.7 ms of every request of a run of 200
+    host = result.host_cpu_s if result.host_cpu_s[0] > 0 else (host1[0] - host0[0], host1[1] - host0[1])
     return result, (begin, end), (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], cpu1[2] - cpu0[2], preempted_s(pre0, pre1),
-                                  pre1[1] - pre0[1], host1[0] - host0[0], host1[1] - host0[1])
+                                  pre1[1] - pre0[1], host[0], host[1])
 
 
 def host_cpu_s() -> tuple[float, float]:

@@ -76,8 +76,14 @@ def test_percentiles_and_json_round_trip() -> None:
 async def test_subprocess_runner(server: str) -> None:
     import asyncio
 
-    result = await asyncio.to_thread(run_load_subprocess, server, users=3, requests=9, paths=["/ok/{n}"])
-    assert len(result.latencies_ms) == 9 and result.users == 3
+    from collector._process import host_cpu_ns
+
+    before = host_cpu_ns()[0]
+    result = await asyncio.to_thread(run_load_subprocess, server, users=3, requests=300, paths=["/ok/{n}"])
+    around = (host_cpu_ns()[0] - before) / 1e9
+    assert len(result.latencies_ms) == 300 and result.users == 3
+    # the host's CPU over the client's run only: its interpreter's start-up (imports, about 0.35 s of CPU) is out
+    assert 0 < result.host_cpu_s[0] < around - 0.05
     with pytest.raises(RuntimeError, match="load client failed"):
         await asyncio.to_thread(run_load_subprocess, server, users=0, requests=1)
 

@@ -18,6 +18,7 @@ from replayer.groundtruth import (
     ForumSetup,
     GroundTruth,
     GroundTruthError,
+    LoopLevel,
     client_side_ms,
     cpu_s,
     deploy,
@@ -29,6 +30,7 @@ from replayer.groundtruth import (
     measure_loaded,
     measure_paired,
     measured_requests,
+    pooled_levels,
     pooled_light,
     preempted_s,
     route_of,
@@ -336,10 +338,15 @@ def test_failure_routes_all_load_to_the_surviving_replica() -> None:
 def test_light_and_loaded_phases_take_turns_in_one_deployment() -> None:
     lights, truths = measure_loaded(ForumSetup(seed=11), Applied(app_replicas=2, failed_replicas=1), users=3,
                                     requests=30, light_requests=8, blocks=2, warmup_requests=3,
-                                    paths=("/post/{n}",))
+                                    paths=("/post/{n}",), levels=(2,), level_requests=40)
     assert len(lights) == len(truths) == 2
     assert [t.users for t in lights + truths] == [1, 1, 3, 3]
     assert all(len(t.client_ms["GET /post/{id}"]) == 8 for t in lights)
+    # each light phase also ran 2 users on the serving replica: its loop's CPU per request measured there
+    assert [[(x.users, x.requests) for x in t.levels] for t in lights] == [[(2, 40)], [(2, 40)]]
+    assert all(x.loop_cpu_ms > 0 and x.preempted_ms >= 0 and x.throughput_rps > 0 and x.host_cpu_ms > x.loop_cpu_ms
+               for t in lights for x in t.levels)
+    assert [x["users"] for x in lights[0].to_json()["levels"]] == [2] and truths[0].levels == ()
     assert all(len(t.client_ms["GET /post/{id}"]) == 30 and t.errors == 0 for t in truths)
     # one deployment, the phases one after the other: their windows never overlap, and each kind of phase
     # comes once per block
@@ -348,6 +355,21 @@ def test_light_and_loaded_phases_take_turns_in_one_deployment() -> None:
     assert sorted(u for _, u in windows[:2]) == [1, 3] and sorted(u for _, u in windows[2:]) == [1, 3]
     with pytest.raises(ValueError, match="users >= 2"):
         measure_loaded(ForumSetup(), Applied(), users=1, requests=1, light_requests=1)
+    with pytest.raises(ValueError, match="levels must be distinct user counts between 1 and 3"):
+        measure_loaded(ForumSetup(), Applied(), users=3, requests=1, light_requests=1, levels=(3,))
+
+
+def test_levels_pool_by_users_weighted_by_their_requests() -> None:
+    def light(*levels: LoopLevel) -> GroundTruth:
+        return GroundTruth(server_ms={}, client_ms={"GET /": (1.0,)}, resources={}, users=1, throughput_rps=1.0,
+                           errors=0, elapsed_s=1.0, levels=levels)
+
+    runs = [light(LoopLevel(4, 2.0, 1.0, 10, 50.0), LoopLevel(2, 3.0, 0.0, 30, 40.0, 8.0)),
+            light(LoopLevel(2, 5.0, 1.0, 10, 45.0, 12.0)), light()]
+    assert pooled_levels(runs) == [(2, pytest.approx((30 * 3.0 + 10 * 5.0) / 40), pytest.approx(10 / 40),
+                                    pytest.approx((30 * 8.0 + 10 * 12.0) / 40)),
+                                   (4, 2.0, 1.0, None)]  # a run that did not read the host: no host figure
+    assert pooled_levels([light()]) == []
 
 
 def test_light_runs_pool_weighted_by_their_requests() -> None:
