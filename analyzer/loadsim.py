@@ -87,6 +87,7 @@ References
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -112,8 +113,8 @@ from analyzer.wakeup import (
 if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
-__all__ = ["BACKGROUND_KEY", "CLIENT_KEY", "CPU_SCALE_KEY", "HOST_CPUS_KEY", "HOST_CPU_KEY", "WAIT_SCALE_KEY", "BackgroundDemand",
-           "Calibration", "Queueing", "Workload",
+__all__ = ["BACKGROUND_KEY", "CLIENT_KEY", "CPU_SCALE_KEY", "HOST_CPUS_KEY", "HOST_CPU_KEY", "LEVELS_KEY",
+           "OTHERS_KEY", "WAIT_SCALE_KEY", "BackgroundDemand", "Calibration", "Queueing", "Workload",
            "as_recorded", "at_recorded_load", "background_demand", "background_from_spans", "calibrate", "fit_wait_scale",
            "simulate", "simulate_scenario", "with_background"]
 
@@ -173,6 +174,10 @@ class Workload:
     """``(nodes, columns)`` or None: io nodes' loop work inside the wait that no step holds (read callbacks, the
     loop's own turn: the node's ``hidden_ms``), part of the wait's duration. A CPU neighbour stretches it as
     loop work when the answer comes in; with ``simulate(hidden_on_loop=True)`` it holds the loop then."""
+    others: tuple[float, ...] = ()
+    """Per node: CPU (ms) the host's other processes (the database, a cache, the load client) spend for this
+    io call, on ``simulate(cores=...)``'s cores; the recorded wait holds it served at once, so a call that finds
+    every core taken waits that much longer. Empty: none."""
 
 
 @dataclass(slots=True)
@@ -188,14 +193,25 @@ class Queueing:
     pool_calls: list[int] = field(default_factory=list)
     """Per workload: its calls through a pool in a request (those made on a connection the request already holds
     not counted)."""
+    core_wait_ms: list[float] = field(default_factory=list)
+    """Per workload: the summed time its calls' shares of the other processes' CPU waited for a host core
+    (``simulate(cores=...)``; a loop's work waiting for a core counts as waiting for the loop)."""
     busy_ms: float = 0.0
     span_ms: float = 0.0
     servers: int = 1
+    core_busy_ms: float = 0.0
+    """With ``simulate(cores=...)``: the host's cores' busy time over the measured span, every core counted."""
+    cores: int = 0
 
     @property
     def loop_busy(self) -> float:
         """The loops' utilisation over the measured span (0..1)."""
         return self.busy_ms / (self.span_ms * self.servers) if self.span_ms > 0 else 0.0
+
+    @property
+    def core_busy(self) -> float:
+        """The host's cores' utilisation over the measured span (0..1; 0 without cores)."""
+        return self.core_busy_ms / (self.span_ms * self.cores) if self.span_ms > 0 and self.cores else 0.0
 
 
 THREAD_SYSTEMS = frozenset({"sqlite"})
@@ -230,6 +246,7 @@ def simulate(
     columns: list[list[int]] | None = None,
     hidden_on_loop: bool = False,
     queueing: Queueing | None = None,
+    cores: int = 0,
 ) -> list[FloatArray]:
     """Latencies of ``completions`` user requests of ``users`` closed-loop users, per workload.
 
@@ -243,6 +260,15 @@ def simulate(
     call's hidden loop work (:attr:`Workload.hidden`) comes out of its wait and holds the loop when the answer
     arrives, before the call's CPU after the wait. ``queueing``, when given, is filled with where the users'
     requests waited (:class:`Queueing`).
+
+    ``cores`` > 0: the host's cores, which every loop's work and the other processes' CPU for each io call
+    (:attr:`Workload.others`) need. A piece of the others' work is placed, when its call starts, at the earliest
+    time a core has room for it, in a gap before work placed earlier too (the kernel runs whatever is ready on
+    an idle core: placed only after the last work of the core free first, the example of two cores, 1 ms of
+    loop and 3 ms of the others' CPU per request at ten users came out at 23 ms where the cores bound it at
+    20), and the call's wait grows by the time it waited. A loop's work is placed the same way from when it
+    starts, which it does not wait for: what a loop waits for a core is in its demand (the preempted time).
+    0: the loops own their cores.
 
     A ``threaded`` call's thread waits for the GIL when it takes the job and when it hands the answer back:
     while the loop's thread works, until the loop has no more queued work (it then blocks in ``epoll_wait`` and
@@ -276,6 +302,9 @@ def simulate(
     heap: list[tuple[float, int, int, int, int]] = []  # (time, seq, request, node, phase)
     seq = 0
     loop_free = [0.0] * max(servers, 1)
+    # per core: its placed work as sorted (start, end) intervals, those over before ``now`` dropped
+    core_work: list[list[tuple[float, float]]] = [[] for _ in range(max(cores, 0))]
+    now = 0.0
     free = list(pool_sizes)
     waiting: list[deque[tuple[int, int]]] = [deque() for _ in pool_sizes]
     inflight = [0] * len(scale)
@@ -292,13 +321,16 @@ def simulate(
     req_phase: list[float] = []
     req_loop_wait: list[float] = []  # per request: its summed waits for the loop, for a pooled connection
     req_pool_wait: list[float] = []
+    req_core_wait: list[float] = []
     pool_since: dict[tuple[int, int], float] = {}  # (request, node) -> when the call first found the pool empty
     measured_from = 0.0 if warmup == 0 else -1.0  # when the warm-up ended (busy time counts from then)
     if queueing is not None:
         n = len(workloads)
         queueing.requests, queueing.loop_wait_ms, queueing.pool_wait_ms = [0] * n, [0.0] * n, [0.0] * n
+        queueing.core_wait_ms = [0.0] * n
         queueing.pool_calls = [sum(1 for p in w.pool if p >= 0) if w.pool else 0 for w in workloads]
         queueing.busy_ms, queueing.span_ms, queueing.servers = 0.0, 0.0, max(servers, 1)
+        queueing.core_busy_ms, queueing.cores = 0.0, max(cores, 0)
     spell_u = [0.0] * max(servers, 1)  # per CPU server: the neighbour's quantile when its loop last woke up
     spell_w = [0.0] * max(servers, 1)  # and the work it has done since (ms)
     done_count = 0
@@ -324,6 +356,7 @@ def simulate(
         req_phase.append(float(rng.random()) if neighbour is not None else 0.0)
         req_loop_wait.append(0.0)
         req_pool_wait.append(0.0)
+        req_core_wait.append(0.0)
         begin(len(req_kind) - 1, w.plan.start, t)
 
     def new_request(t: float) -> None:
@@ -332,9 +365,35 @@ def simulate(
         issued += 1
         open_request(k, t, 0, None, 0)
 
+    def core(t: float, d: float) -> float:
+        """When ``d`` ms of CPU arriving at ``t`` starts: at the earliest time a core has room for it."""
+        best, at, where = math.inf, 0, 0
+        for i, placed in enumerate(core_work):
+            while placed and placed[0][1] <= now:
+                placed.pop(0)
+            start, pos = t, len(placed)
+            for k, (a, b) in enumerate(placed):
+                if b <= start:
+                    continue
+                if start + d <= a:
+                    pos = k
+                    break
+                start = b
+            if start < best:
+                best, at, where = start, i, pos
+        core_work[at].insert(where, (best, best + d))
+        if queueing is not None and measured_from >= 0:
+            queueing.core_busy_ms += d
+        return best
+
     def hold(server: int, t: float, d: float, r: int = -1) -> float:
         """FIFO single server: a job of ``d`` ms arriving at ``t`` ends then (request ``r``'s, or nobody's)."""
         s = max(t, loop_free[server])
+        if core_work and d > 0:
+            # the loop's work takes a core from the others, but does not wait for one here: its waits for a
+            # core are in its demand (the preempted time measured at the level), and counted again they put
+            # the example's index page 25 ms (24%) above its measured 102 ms at 16 users
+            core(s, d)
         loop_free[server] = s + d
         if queueing is not None:
             if r >= 0:
@@ -422,6 +481,12 @@ def simulate(
                 idle = t - last_call[g] if inflight[g] <= 1 else 0.0
                 d = max(d + service_wake(k, j, req_col[r], g, idle), 0.0)
             last_call[g] = t
+        if core_work and w.others and w.others[j] > 0 and req_depth[r] == 0:
+            t0 = t
+            t = core(t, w.others[j])  # the backend's share waits for a core, and the answer with it
+            floor = max(floor, t)
+            if queueing is not None:
+                req_core_wait[r] += t - t0
         if w.threaded and w.threaded[j]:
             # the thread takes the job once it holds the GIL; phase 6 when its work is done
             push(max(t + gil_wait(r, t) + max(d - before - after, 0.0), floor), r, j, 6)
@@ -466,6 +531,7 @@ def simulate(
         new_request(0.0)
     while heap:
         t, _, r, j, phase = heapq.heappop(heap)
+        now = t
         if phase == 2:
             new_request(t)
             continue
@@ -542,6 +608,7 @@ def simulate(
                 queueing.requests[k] += 1
                 queueing.loop_wait_ms[k] += req_loop_wait[r]
                 queueing.pool_wait_ms[k] += req_pool_wait[r]
+                queueing.core_wait_ms[k] += req_core_wait[r]
                 queueing.span_ms = t - measured_from
         if done_count >= warmup + completions:
             break
@@ -591,12 +658,17 @@ def simulate_scenario(
     gaps_change = (scenario.changes_calls or (load is not None and load.users > 1)
                    or any(isinstance(c, Failure) for c in scenario.changes))
     profile = wake_profile(store) if store is not None and gaps_change else None
+    # A loop demand measured at more users already holds the wake-ups the busier loop no longer pays
+    measured = _loop_users(scenario) > 1 and any(len(_levels(g)) > 1 for g in graphs)
+    measured_note = [("wake-up: the loop's idle gaps are not charged: its demand was measured at more users, "
+                      "where it pays fewer wake-ups")] if measured and profile is not None else []
+    profile = None if measured else profile
     services = service_wake_profiles(store) if store is not None and gaps_change else {}
     neighbour, how = _neighbour(scenario, store)
     as_change = recorded is not None and at_recorded_load(scenario, graphs)
     if profile is None and not services and not as_change:
         latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, neighbour=neighbour)
-        return latencies, notes + how
+        return latencies, notes + measured_note + how
     spread = "" if profile is None else (
         f"the first {profile.span_ms:.2g} ms of loop work (the work the profile's extra was measured on: its "
         "requests' median back to back)")
@@ -620,11 +692,69 @@ def simulate_scenario(
     latencies, notes = _simulate_once(graphs, models, scenario, store, samples, np.random.default_rng(seed),
                                       cost.cost(recording=False), cost.service_cost(recording=False), neighbour,
                                       columns=cols_s, fitted_cut=fitted)
-    notes += cost.describe() + how
+    notes += cost.describe() + measured_note + how
     if as_change:
         latencies, note = _as_change(models, base, latencies, cols_0, cols_s)
         notes.append(note)
     return latencies, notes
+
+
+def _loop_users(scenario: Scenario) -> int:
+    """Users per event loop under ``scenario``: its load's users over the front ends left up."""
+    load = scenario.load or Load(1)
+    alive = load.replicas
+    for f in scenario.changes:
+        if isinstance(f, Failure) and f.is_app:
+            alive = (f.replicas or (load.replicas if load.replicas > 1 else 2)) - 1
+    return max(1, round(load.users / alive))
+
+
+_LEVEL_FIELDS = ("users", "cpu_scale", "background_ms")
+
+
+def _levels(graph: CausalGraph) -> list[dict[str, float]]:
+    """``graph.meta[LEVELS_KEY]``'s rows (:data:`LEVELS_KEY`), checked; empty where absent.
+
+    Raises
+    ------
+    ValueError
+        If the entry is not such a list (users ascending from 1 up, positive scales, non-negative times, the
+        others' CPU in every row or none), naming the graph's route.
+    """
+    raw = graph.meta.get(LEVELS_KEY)
+    if raw is None:
+        return []
+    what = (f"graph {graph.route!r}: meta {LEVELS_KEY!r} must be a list of {{users, cpu_scale, background_ms[, "
+            f"others_ms]}} with users ascending from 1 up, cpu_scale > 0 and times >= 0")
+    try:
+        rows = [{k: float(row[k]) for k in (*_LEVEL_FIELDS, OTHERS_KEY) if k in row or k in _LEVEL_FIELDS}
+                for row in raw]
+    except (TypeError, ValueError, KeyError):
+        raise ValueError(f"{what}, got {raw!r}") from None
+    users = [r["users"] for r in rows]
+    if (not rows or users[0] < 1 or any(b <= a for a, b in itertools.pairwise(users))
+            or len({len(r) for r in rows}) > 1
+            or not all(r["cpu_scale"] > 0 and all(v >= 0 and math.isfinite(v) for v in r.values()) for r in rows)):
+        raise ValueError(f"{what}, got {raw!r}")
+    return rows
+
+
+def _at_load(graph: CausalGraph, users: int) -> CausalGraph:
+    """``graph`` with the loop's demand (its CPU scale and background) and the host's other processes' CPU at
+    ``users`` per loop, from its measured levels (``LEVELS_KEY``): MVASD's load-varying demand (Kattepur and
+    Nambiar, IPDPS Workshops 2015, Algorithm 2), interpolated linearly between the levels rather than by a
+    spline (two or three levels of a few hundred requests each on a noisy host: a cubic through them swings
+    between them) and held past the last rather than extrapolated (the noise of the last two levels would be
+    carried to any load). Unchanged without levels.
+    """
+    rows = _levels(graph)
+    if len(rows) < 2 or users <= rows[0]["users"]:
+        return graph
+    n = [r["users"] for r in rows]
+    extra = {key: float(np.interp(users, n, [r[field] for r in rows]))
+             for key, field in ((CPU_SCALE_KEY, "cpu_scale"), (BACKGROUND_KEY, "background_ms"),
+                                (OTHERS_KEY, OTHERS_KEY)) if field in rows[0]}
+    return _with_meta(graph, extra)
 
 
 def at_recorded_load(scenario: Scenario, graphs: Sequence[CausalGraph]) -> bool:
@@ -845,7 +975,12 @@ def _simulate_once(
             alive_fronts = fronts - 1
             notes.append(f"failure: 1 of {fronts} front ends fails"
                          f"{'' if f.replicas or load.replicas > 1 else ' (2 assumed: give failure:app?replicas=R)'}")
-    users = max(1, round(load.users / alive_fronts))
+    users = _loop_users(scenario)
+    graphs = [_at_load(g, users) for g in graphs]
+    levels = sorted({int(row["users"]) for g in graphs for row in _levels(g)})
+    if users > 1 and len(levels) > 1:
+        notes.append(f"the loop's demand at {users} users per loop from its measured levels "
+                     f"({', '.join(map(str, levels))} users): interpolated between them, held past the last")
     notes.append(f"load: {load.users} closed-loop users over {alive_fronts} front end(s) -> {users} per event loop"
                  f"{f', think {load.think_ms:g} ms' if load.think_ms else ''}; compute nodes share one FIFO loop")
 
@@ -998,11 +1133,14 @@ def _simulate_once(
                                   served_hidden=hidden_on_loop)
     if how:
         notes.append(how)
+    others, cores, how = _others(graphs, [p[0] for p in parts], weights, users)
+    if how:
+        notes.append(how)
     # At one user per loop the recorded durations hold the threads' waits for the GIL already
     threaded = [tuple(users > 1 and graph.node(i).kind is NodeKind.IO and graph.node(i).system in THREAD_SYSTEMS
                       for i in part[0].ids) for graph, part in zip(graphs, parts, strict=True)]
     workloads = [Workload(plan, durations, loop, pool, group, weights[gi], nested, server, before, after,
-                          background[gi], holds, threaded[gi], hidden)
+                          background[gi], holds, threaded[gi], hidden, others[gi])
                  for gi, (plan, durations, loop, pool, group, nested, server, before, after, holds, hidden)
                  in enumerate(parts)]
     if any(any(t) for t in threaded):
@@ -1069,11 +1207,12 @@ def _simulate_once(
         gil_switch_ms=GIL_SWITCH_MS, neighbour=neighbour,
         service_wake=None if service_wake is None else (
             lambda k, j, col, g, idle: service_wake(k, j, col, group_names[g], idle)),
-        columns=columns, hidden_on_loop=hidden_on_loop, queueing=queueing,
+        columns=columns, hidden_on_loop=hidden_on_loop, queueing=queueing, cores=cores,
     )
     if queueing is not None:
         notes += _queueing_note(graphs, latencies, queueing, bool(load.pools))
-        notes += _host_note(graphs, latencies, [w > 0 for w in weights], load.users, load.think_ms)
+        notes += _host_note(graphs, latencies, [w > 0 for w in weights], load.users, load.think_ms,
+                            simulated=queueing if cores > 0 else None)
     return latencies, notes
 
 
@@ -1101,6 +1240,9 @@ def _queueing_note(graphs: Sequence[CausalGraph], latencies: Sequence[FloatArray
         if pooled and calls > 0:
             text += (f", {sum(queueing.pool_wait_ms[k] for k in ks) / n:.3g} ms for a pooled connection over "
                      f"{calls:.3g} call{'s' if calls != 1 else ''}")
+        core = sum(queueing.core_wait_ms[k] for k in ks) / n if queueing.core_wait_ms else 0.0
+        if core > 0:
+            text += f", {core:.3g} ms for a host core (its calls' backends)"
         parts.append(text)
     if not parts:
         return []
@@ -1109,7 +1251,7 @@ def _queueing_note(graphs: Sequence[CausalGraph], latencies: Sequence[FloatArray
 
 
 def _host_note(graphs: Sequence[CausalGraph], latencies: Sequence[FloatArray], user_routes: Sequence[bool],
-               users: int, think_ms: float) -> list[str]:
+               users: int, think_ms: float, *, simulated: Queueing | None = None) -> list[str]:
     """How busy the host's cores would be at the simulated throughput, where the graphs carry the host's CPU per
     request (``HOST_CPU_KEY``), and a caution past :data:`HOST_BUSY_WARN`.
 
@@ -1123,8 +1265,12 @@ def _host_note(graphs: Sequence[CausalGraph], latencies: Sequence[FloatArray], u
     (on the benchmark 23-26% less at 16 users), so read it as an upper estimate: in run 81 it gave 113% and 110%
     where the cores were measured 88% and 95% busy. The two effects pull the latency opposite ways, and the
     benchmark's loaded index page came out from 23 ms low to 14 ms high on about 200 ms across runs 77-81: the
-    note says where the prediction is weak, not which way it errs.
+    note says where the prediction is weak, not which way it errs. ``simulated``: the simulation's queueing where
+    it queued the loop and the other processes for the cores, from CPU per request measured near the simulated
+    load (:func:`_others`): the note then gives the cores' utilisation in the simulation.
     """
+    if simulated is not None:
+        return [f"host: its {simulated.cores} cores {simulated.core_busy:.0%} busy in the simulation"]
     host = [float(g.meta[HOST_CPU_KEY]) for g in graphs if HOST_CPU_KEY in g.meta]
     cpus = [int(g.meta.get(HOST_CPUS_KEY, 0) or 0) for g in graphs if HOST_CPU_KEY in g.meta]
     served = [lat for lat, user in zip(latencies, user_routes, strict=True) if user and lat.size]
@@ -1281,6 +1427,17 @@ other process's on it (from the collector's ``process`` spans)."""
 
 HOST_CPUS_KEY = "host_cpus"
 """Graph ``meta`` key: the host's logical CPUs, with ``HOST_CPU_KEY``."""
+
+LEVELS_KEY = "loop_levels"
+"""Graph ``meta`` key: the loop's demand measured at more users than one, as :func:`calibrate` writes it: a list
+of ``{"users": users per loop, "cpu_scale": ..., "background_ms": ..., "others_ms": ...}``, users ascending, the
+first at the light run's load (its ``CPU_SCALE_KEY`` and ``BACKGROUND_KEY``); ``others_ms`` (``OTHERS_KEY``) in
+every row or in none. A load prediction takes them at its users per loop (:func:`_at_load`)."""
+
+OTHERS_KEY = "others_cpu_ms"
+"""Graph ``meta`` key: CPU (ms) per user request that the host's other processes (a database, a cache, a service,
+the load client) spend on the host's cores beside the app, at a measured load level (:func:`_at_load`): with
+``HOST_CPUS_KEY``, the simulation queues it and the loop's work for those cores."""
 
 HOST_BUSY_WARN = 0.85
 """Host utilisation at the predicted throughput above which a load prediction says it is less certain."""
@@ -1468,12 +1625,15 @@ class Calibration:
     wait_scale: float
     """Over every request: the scale of the graphs of routes not in ``by_route``."""
     by_route: Mapping[str, float]
+    levels: tuple[tuple[int, BackgroundDemand], ...] = ()
+    """(users, the demand measured there), for the levels beyond one user (:func:`calibrate`'s ``levels``)."""
 
     def describe(self) -> str:
         d = self.demand
         return (f"without the collector: {d.process_ms:.2f} ms of loop per request (the graphs record "
                 f"{d.traced_ms:.2f}: "
-                f"CPU scale {d.cpu_scale:.3f}, background {d.background_ms:.2f} ms); wait scale "
+                f"CPU scale {d.cpu_scale:.3f}, background {d.background_ms:.2f} ms)"
+                + "".join(f", {x.process_ms:.2f} at {n} users" for n, x in self.levels) + "; wait scale "
                 + ", ".join(f"{r} {x:.3f}" for r, x in self.by_route.items()))
 
 
@@ -1488,6 +1648,7 @@ def calibrate(
     samples: int = 2000,
     host: tuple[float, int] | None = None,
     client_ms: Mapping[str, float] | None = None,
+    levels: Sequence[tuple[int, float, float, float | None]] = (),
 ) -> tuple[list[CausalGraph], Calibration]:
     """Graphs calibrated to the app without the collector, from one light run with it and one without.
 
@@ -1531,6 +1692,16 @@ def calibrate(
         it, the fit scaled the waits to cover it: the example's post page, 2.4 ms at the client of which 0.6-0.9
         ms outside the server span, could not be made long enough (its scale stopped at 1), and under load the
         index page came out 3.4-3.8 ms high at the median, 1.3-1.5 with it (``docs/accuracy.md``, runs 87-88).
+    levels
+        (users, ``process_cpu_ms``, ``preempted_ms``, the host's busy CPU per request or None) measured the same
+        way at a few more users per loop (``replayer.groundtruth.pooled_levels``). A load prediction then takes
+        the loop's demand at its users from these levels (MVASD, :func:`_at_load`) instead of pricing it from one
+        user with the wake-up profile: the time the host's other processes take from the loop grew under load
+        by 65-178% on one machine and not at all on another at the same host busy share, which nothing measured
+        at one user says (``docs/accuracy.md``, runs 90-92). With the host's CPU at every level and ``host``, the
+        simulation also queues the loop's work and the other processes' CPU (the host's busy CPU less the
+        loop's) for the host's cores (``OTHERS_KEY``), which at one user were the most of the host's CPU per
+        request and need a quarter less under load.
     """
     if client_ms is not None:
         bad = {r: x for r, x in client_ms.items() if not (np.isfinite(x) and x >= 0)}
@@ -1542,7 +1713,22 @@ def calibrate(
         raise ValueError(f"preempted_ms must be non-negative, got {preempted_ms}")
     if host is not None and not (host[0] >= 0 and host[1] > 0):
         raise ValueError(f"host must be (CPU ms per request >= 0, CPUs > 0), got {host}")
-    demand = background_demand(graphs, [g for g in graphs if g.route in routes], process_cpu_ms + preempted_ms)
+    if (any(not (n > users and x > 0 and y >= 0 and (h is None or h >= 0)) for n, x, y, h in levels)
+            or len({n for n, *_ in levels}) < len(levels)):
+        raise ValueError(f"levels must be (users above {users}, each once; CPU ms > 0; preempted ms >= 0; host "
+                         f"CPU ms >= 0 or None), got {list(levels)}")
+    user_graphs = [g for g in graphs if g.route in routes]
+    demand = background_demand(graphs, user_graphs, process_cpu_ms + preempted_ms)
+    at_levels = tuple((int(n), background_demand(graphs, user_graphs, x + y)) for n, x, y, _ in sorted(levels))
+    if at_levels:
+        rows = [{"users": float(users), "cpu_scale": demand.cpu_scale, "background_ms": demand.background_ms}]
+        rows += [{"users": float(n), "cpu_scale": d.cpu_scale, "background_ms": d.background_ms} for n, d in at_levels]
+        if host is not None and all(h is not None for *_, h in levels):
+            # the other processes' CPU per request: the host's busy CPU less the app's loop CPU
+            others = [host[0] - process_cpu_ms] + [h - x for _, x, _, h in sorted(levels)]
+            for row, ms in zip(rows, others, strict=True):
+                row[OTHERS_KEY] = max(ms, 0.0)
+        graphs = [_with_meta(g, {LEVELS_KEY: rows}) for g in graphs]
     if host is not None:
         demand = replace(demand, host_ms=host[0], host_cpus=host[1])
     by_route: dict[str, float] = {}
@@ -1558,7 +1744,7 @@ def calibrate(
         raise ValueError("calibrate needs, for one of the routes, graphs and latencies without the collector")
     overall = sum(by_route[r] * counts[r] for r in by_route) / max(sum(counts.values()), 1)
     out = [with_background([g], demand, wait_scale=by_route.get(g.route, overall))[0] for g in graphs]
-    return out, Calibration(demand, overall, by_route)
+    return out, Calibration(demand, overall, by_route, at_levels)
 
 
 def _background(
@@ -1621,6 +1807,35 @@ def _background(
             what += ": what the neighbour adds to it, the recorded durations hold the rest"
     return out, (f"{what}: {demand:.3g} ms queued on the loop's server, {per}; a call ends no sooner than its "
                  f"share is served")
+
+
+def _others(graphs: Sequence[CausalGraph], plans: Sequence[DagPlan], weights: Sequence[float], users: int
+            ) -> tuple[list[tuple[float, ...]], int, str]:
+    """Per graph, per node: the host's other processes' CPU each io call queues for a core; the cores; a note.
+
+    Where the graphs carry that CPU per user request at the simulated load (``OTHERS_KEY``, from measured levels:
+    :func:`_at_load`) and the host's CPUs (``HOST_CPUS_KEY``), it is spread over the io calls as the background
+    is (:func:`_background`): the database's, cache's and services' work is for the calls, and the load
+    client's, the rest, is spread with it. At one user per loop nothing is queued: the recorded waits hold it.
+    """
+    none: list[tuple[float, ...]] = [() for _ in plans]
+    total = sum(weights)
+    amounts = [_positive_meta(g, OTHERS_KEY) for g, w in zip(graphs, weights, strict=True) if w > 0]
+    cpus = [_positive_meta(g, HOST_CPUS_KEY) for g in graphs]
+    if users <= 1 or total <= 0 or not amounts or None in amounts or not all(cpus):
+        return none, 0, ""
+    demand = max(a for a in amounts if a is not None)
+    cores = int(max(c for c in cpus if c is not None))
+    ios = [{j for j, i in enumerate(p.ids) if g.node(i).kind is NodeKind.IO}
+           for g, p in zip(graphs, plans, strict=True)]
+    calls = sum(w * len(c) for w, c in zip(weights, ios, strict=True)) / total
+    if calls <= 0:
+        return none, 0, ""
+    out = [tuple(demand / calls if j in c else 0.0 for j in range(p.size)) for p, c in zip(plans, ios, strict=True)]
+    return out, cores, (f"host: its {cores} cores serve the loop's work and the other processes' {demand:.3g} ms of "
+                        f"CPU per request at this load (the database, cache, services and load client beside the "
+                        f"app, from the measured levels), {demand / calls:.3g} ms per io call, first come first "
+                        "served: a call waits for a core before its backend's share")
 
 
 class _Nesting:

@@ -23,6 +23,8 @@ from analyzer.loadsim import (
     BACKGROUND_KEY,
     CLIENT_KEY,
     CPU_SCALE_KEY,
+    LEVELS_KEY,
+    OTHERS_KEY,
     WAIT_SCALE_KEY,
     _background,
     background_demand,
@@ -631,6 +633,54 @@ def test_calibrate_counts_the_loops_preempted_time_as_demand() -> None:
     assert mean_latency(plain, "load:10") == pytest.approx(10.0, rel=0.01)
     with pytest.raises(ValueError, match="preempted_ms must be non-negative"):
         calibrate([g], ["GET /"], 1.0, {"GET /": [2.5]}, preempted_ms=-1.0)
+
+
+def test_calibrate_takes_the_loops_demand_at_more_users_from_measured_levels() -> None:
+    # 1.5 ms of loop per request at one user (1 CPU + 0.5 preempted), 2.0 at 4 users (1.5 + 0.5): 10 users
+    # saturate the loop at the 4-user demand (held past the last level), 2 users at the demand interpolated
+    # between the levels, 1.5 + 0.5 / 3; one user keeps the one-user demand
+    g = chain("GET /", compute("c", 2.0), io("x", 1.0))
+    graphs, cal = calibrate([g], ["GET /"], 1.0, {"GET /": [2.5]}, preempted_ms=0.5, levels=[(4, 1.5, 0.5, None)])
+    assert [(n, d.process_ms) for n, d in cal.levels] == [(4, pytest.approx(2.0))]
+    assert graphs[0].meta[LEVELS_KEY] == [{"users": 1.0, "cpu_scale": 0.75, "background_ms": 0.0},
+                                          {"users": 4.0, "cpu_scale": 1.0, "background_ms": 0.0}]
+    assert "2.00 at 4 users" in cal.describe()
+    assert mean_latency(graphs, "load:10") == pytest.approx(20.0, rel=0.01)
+    assert mean_latency(graphs, "load:2") == pytest.approx(2 * (1.5 + 0.5 / 3), rel=0.01)
+    assert mean_latency(graphs, "load:1") == pytest.approx(2.5, rel=0.01)
+    (p,) = predict(graphs, "load:10", samples=200, rng=rng())
+    assert any("demand at 10 users per loop from its measured levels (1, 4 users)" in n for n in p.notes)
+    assert not any("cores serve" in n for n in p.notes)  # no host readings: the loop owns its core
+    # a replica fails: its users move to the survivor's loop, 10 of them
+    assert mean_latency(graphs, "load:10?replicas=2; failure:app") == pytest.approx(20.0, rel=0.01)
+    with pytest.raises(ValueError, match="levels must be"):
+        calibrate([g], ["GET /"], 1.0, {"GET /": [2.5]}, levels=[(1, 1.5, 0.0, None)])
+    bad = CausalGraph(g.route, g.nodes, list(g.dag.edges), meta={LEVELS_KEY: [{"users": 1, "cpu_scale": 1,
+                                                                               "background_ms": 0}, {"users": 0}]})
+    with pytest.raises(ValueError, match="'GET /': meta 'loop_levels' must be a list of"):
+        mean_latency([bad], "load:4")
+
+
+def test_the_host_cores_queue_the_loop_and_the_other_processes() -> None:
+    # 1 ms of loop and a 4 ms call per request; beside the app the host's other processes spend 3 ms of CPU per
+    # request (4 ms busy per request, less the loop's 1) on its 2 cores. 10 users: the loop alone would serve a
+    # request a millisecond (10 ms each), the cores only one every 2 ms (4 ms over 2 cores): 20 ms each
+    g = chain("GET /", compute("c", 1.0), io("x", 4.0))
+    levels = [(4, 1.0, 0.0, 4.0)]
+    graphs, _ = calibrate([g], ["GET /"], 1.0, {"GET /": [5.0]}, host=(4.0, 2), levels=levels)
+    assert [row[OTHERS_KEY] for row in graphs[0].meta[LEVELS_KEY]] == [3.0, 3.0]
+    assert mean_latency(graphs, "load:10") == pytest.approx(20.0, rel=0.03)
+    (p,) = predict(graphs, "load:10", samples=400, rng=rng())
+    assert any("its 2 cores serve the loop's work and the other processes' 3 ms of CPU" in n for n in p.notes)
+    busy = next(n for n in p.notes if n.startswith("host: its 2 cores") and "busy in the simulation" in n)
+    assert int(busy.split("cores ")[1].split("%")[0]) >= 95
+    # 2 users ask for 2 x 4 ms of CPU every 5 ms: the cores keep up, and their requests take 5 ms as at one user
+    assert mean_latency(graphs, "load:2") == pytest.approx(5.0, rel=0.01)
+    # a host of 8 cores does not bind: the loop does, as without the host's readings
+    roomy, _ = calibrate([g], ["GET /"], 1.0, {"GET /": [5.0]}, host=(4.0, 8), levels=levels)
+    plain, _ = calibrate([g], ["GET /"], 1.0, {"GET /": [5.0]}, levels=[(4, 1.0, 0.0, None)])
+    assert mean_latency(roomy, "load:10") == pytest.approx(mean_latency(plain, "load:10"), rel=0.02)
+    assert mean_latency(plain, "load:10") == pytest.approx(10.0, rel=0.02)
 
 
 def sqlite_call(node_id: str, ms: float, count: int = 20) -> Node:
