@@ -14,7 +14,11 @@ Steps, per scenario (docs/demo.md and docs/accuracy.md say why each choice):
    measured requests a side in ``--blocks`` runs of the client. Load and failure: ``--rounds`` baseline runs
    (the app under the collector, one user), then the light runs that calibrate the prediction (one user) and
    the loaded runs (users, a failed replica behind a balancer) taking turns in one deployment without the
-   collector (``measure_loaded``). ``--separate`` measures the switchable cases in deployments of their own;
+   collector (``measure_loaded``), each light run followed by short runs at a quarter and a half of the users
+   per loop (``LOAD_LEVELS``): the ``(levels)`` rows take the loop's demand and the host's CPU for the load from
+   them (``analyzer.loadsim.calibrate``'s ``levels``: MVASD's load-varying demands, and the host's cores
+   simulated), the nominal rows price the load from the one-user run alone. ``--separate`` measures the switchable cases in deployments of
+   their own;
 2. graphs from the baseline's measured requests;
 3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size, with one caller
    and with up to the index page's ten at once (the size case's spec filters on that api), RTTs through the
@@ -89,6 +93,7 @@ from replayer.groundtruth import (
     measure,
     measure_idle,
     measure_loaded,
+    pooled_levels,
     measure_paired,
     measured_requests,
     pooled_host,
@@ -96,6 +101,9 @@ from replayer.groundtruth import (
 )
 
 RESULTS = Path(__file__).with_name("results")
+LOAD_LEVELS = (4, 2)
+"""The short runs after each light run of load and failure: at the users per loop divided by these (16 users:
+4 and 8; a failure leaving 8 on a loop: 2 and 4)."""
 LOAD_REQUESTS_PER_USER = 25
 """Measured requests per user and round of a scenario with N users (at least ``--requests / --rounds``)."""
 REDIS_URL = "redis://127.0.0.1:6379/13"
@@ -324,13 +332,14 @@ def _calibrated(graphs: list[Any], lights: list[GroundTruth], bases: list[Ground
 
     ``lights`` ran the baseline's light load without the collector: the CPU the app's loop was held for per
     request there (``GroundTruth.loop_cpu_ms``), the time it was preempted (``loop_preempted_ms``), and per
-    route the client-side latencies. ``bases``, the collected runs the graphs were built from, give the time a
-    request spends outside its server span (the prediction is compared with client-side latencies).
+    route the client-side latencies; and the same loop demand at a few more users (``GroundTruth.levels``).
+    ``bases``, the collected runs the graphs were built from, give the time a request spends outside its server
+    span (the prediction is compared with client-side latencies).
     """
     loop_ms, preempted_ms, without = pooled_light(lights)
     out, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
                                  preempted_ms=preempted_ms, host=pooled_host(lights),
-                                 client_ms=client_side_ms(bases))
+                                 client_ms=client_side_ms(bases), levels=pooled_levels(lights))
     return out, calibration.describe()
 
 
@@ -504,10 +513,13 @@ def main(argv: list[str] | None = None) -> int:
             # deployment without the collector, a few seconds apart. N users need a longer window than one to
             # reach their steady state: 100 requests at 16 users last under a second, 6 per user after a
             # warm-up of about one each
+            per_loop = case.users // max(case.applied.app_replicas - case.applied.failed_replicas, 1)
             lights, truths = measure_loaded(case_setup, case.applied, users=case.users,
                                             requests=max(per_round, LOAD_REQUESTS_PER_USER * case.users),
                                             light_requests=per_round, blocks=ns.rounds,
-                                            warmup_requests=max(20, 4 * case.users), on_step=status)
+                                            warmup_requests=max(20, 4 * case.users),
+                                            levels=sorted({per_loop // k for k in LOAD_LEVELS} - {0, 1}),
+                                            level_requests=per_round, on_step=status)
             with runs.open("wb") as f:
                 pickle.dump((bases, lights, truths), f)
         else:
@@ -557,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
             variants.append((replace(case, name=f"{case.name} (rtt)"), f"location:{case.selector}={case.name}"))
             if wake:
                 variants.append((replace(case, name=f"{case.name} (no wake-up)"), case.spec))
+        if calibrate and pooled_levels(lights):
+            variants.append((replace(case, name=f"{case.name} (levels)"), case.spec))
         predicted = []
         for variant, spec in variants:
             # The RTT profiles, measured end to end by a client idle between calls, hold the cold start of the
@@ -564,7 +578,10 @@ def main(argv: list[str] | None = None) -> int:
             plain = not wake or variant.name.endswith(("(rtt)", "(no wake-up)"))
             profiles = _WithoutWake(store) if plain else store
             try:
-                preds = (_predict_by_round(spec, bases, lights, profiles, ns.samples, rng, status) if calibrate
+                # the nominal rows price the load from the one-user runs alone, the (levels) rows from the levels
+                light = (lights if variant.name.endswith("(levels)") or not calibrate
+                         else [replace(t, levels=()) for t in lights])
+                preds = (_predict_by_round(spec, bases, light, profiles, ns.samples, rng, status) if calibrate
                          else predict(graphs, spec, profiles, ns.samples, rng))
                 predicted.append((replace(variant, spec=spec), {p.route: p for p in preds}))
             except AnalyzerError as exc:
@@ -588,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(_row(variant, route, preds[route], measured[route], repeat.get(route)))
                     rows[-1]["throughput_rps"] = throughput
         _write(ns.out, config, ns, rows, time.monotonic() - began)
-        if case.users > 1 and rows:
+        row = next((r for r in reversed(rows) if r["scenario"] == case.name), None)
+        if case.users > 1 and row is not None:
             # At saturation the loop is busy all the time: 1 / throughput is its time per request. The loop's
             # demand per request (CPU + preempted) and its sleeps in epoll_wait per request, light against loaded:
             # a loop that no longer idles needs less per request (the prediction takes the light runs' demand)
@@ -596,15 +614,15 @@ def main(argv: list[str] | None = None) -> int:
             (light_cpu, light_pre, light_sleeps), (loaded_cpu, loaded_pre, loaded_sleeps) = (
                 _loop_per_request(lights), _loop_per_request(truths))
             by_round = [[_loop_per_request([t]) for t in runs] for runs in (lights, truths)]
-            rows[-1].update(loop_ms_per_request=loop_ms, light_demand_ms=light_cpu + light_pre,
-                            light_wakeups=light_sleeps, loaded_demand_ms=loaded_cpu + loaded_pre,
-                            loaded_wakeups=loaded_sleeps, light_loop_cpu_ms=light_cpu,
-                            light_preempted_ms=light_pre, loaded_loop_cpu_ms=loaded_cpu,
-                            loaded_preempted_ms=loaded_pre,
-                            round_throughput_rps=[[t.throughput_rps for t in lights],
-                                                  [t.throughput_rps for t in truths]],
-                            round_loop_cpu_ms=[[cpu for cpu, _, _ in side] for side in by_round],
-                            round_preempted_ms=[[pre for _, pre, _ in side] for side in by_round])
+            row.update(loop_ms_per_request=loop_ms, light_demand_ms=light_cpu + light_pre,
+                       light_wakeups=light_sleeps, loaded_demand_ms=loaded_cpu + loaded_pre,
+                       loaded_wakeups=loaded_sleeps, light_loop_cpu_ms=light_cpu,
+                       light_preempted_ms=light_pre, loaded_loop_cpu_ms=loaded_cpu,
+                       loaded_preempted_ms=loaded_pre,
+                       round_throughput_rps=[[t.throughput_rps for t in lights],
+                                             [t.throughput_rps for t in truths]],
+                       round_loop_cpu_ms=[[cpu for cpu, _, _ in side] for side in by_round],
+                       round_preempted_ms=[[pre for _, pre, _ in side] for side in by_round])
             # The demand's two parts can move apart under load: the CPU falls as the loop sleeps less, while the
             # time it is preempted doubled on one machine and stayed flat on another (docs/accuracy.md, runs 90-91)
             status(f"throughput {throughput:.1f} req/s = {loop_ms:.2f} ms of loop per request at saturation; the "
@@ -616,14 +634,23 @@ def main(argv: list[str] | None = None) -> int:
                                for a, b in zip(lights, truths, strict=False))
                    + " req/s (light -> loaded)")
             (light_other, light_steal), (loaded_other, loaded_steal) = _host_per_request(lights), _host_per_request(truths)
-            rows[-1].update(light_other_cpu_ms=light_other, light_steal_ms=light_steal,
-                            loaded_other_cpu_ms=loaded_other, loaded_steal_ms=loaded_steal)
+            row.update(light_other_cpu_ms=light_other, light_steal_ms=light_steal,
+                       loaded_other_cpu_ms=loaded_other, loaded_steal_ms=loaded_steal)
+            levels = pooled_levels(lights)
+            if levels:
+                row.update(levels=[{"users": n, "loop_cpu_ms": cpu, "preempted_ms": pre, "host_cpu_ms": host}
+                                   for n, cpu, pre, host in levels],
+                           round_levels=[[x.to_json() for x in getattr(t, "levels", ())] for t in lights])
+                status("the loop's demand per request at more users: " + ", ".join(
+                    f"{cpu + pre:.2f} ms at {n} ({cpu:.2f} CPU + {pre:.2f} preempted"
+                    + (f"; the host's other processes {host - cpu:.2f})" if host else ")")
+                    for n, cpu, pre, host in levels))
             host = pooled_host(truths)
             if host is not None:
-                rows[-1].update(host_busy_measured=throughput * host[0] / 1000 / host[1])
+                row.update(host_busy_measured=throughput * host[0] / 1000 / host[1])
             status(f"the host's CPU beside the app per request: {light_other:.2f} ms at one user, {loaded_other:.2f} "
                    f"at {case.users} users (steal {light_steal:.2f} and {loaded_steal:.2f})"
-                   + (f"; its cores {rows[-1]['host_busy_measured']:.0%} busy under load" if host is not None else ""))
+                   + (f"; its cores {row['host_busy_measured']:.0%} busy under load" if host is not None else ""))
     store.close()
 
     table = Table(title=f"What-if accuracy, forum app ({'Redis + PostgreSQL' if use_real else 'embedded'}), "
