@@ -392,7 +392,7 @@ def simulate(
         if core_work and d > 0:
             # the loop's work takes a core from the others, but does not wait for one here: its waits for a
             # core are in its demand (the preempted time measured at the level), and counted again they put
-            # the example's index page 25 ms (24%) above its measured 102 ms at 16 users
+            # the example's index page 25 ms (24%) above its measured 102 ms at 16 users (docs/accuracy.md, run 94)
             core(s, d)
         loop_free[server] = s + d
         if queueing is not None:
@@ -742,10 +742,9 @@ def _levels(graph: CausalGraph) -> list[dict[str, float]]:
 def _at_load(graph: CausalGraph, users: int) -> CausalGraph:
     """``graph`` with the loop's demand (its CPU scale and background) and the host's other processes' CPU at
     ``users`` per loop, from its measured levels (``LEVELS_KEY``): MVASD's load-varying demand (Kattepur and
-    Nambiar, IPDPS Workshops 2015, Algorithm 2), interpolated linearly between the levels rather than by a
-    spline (two or three levels of a few hundred requests each on a noisy host: a cubic through them swings
-    between them) and held past the last rather than extrapolated (the noise of the last two levels would be
-    carried to any load). Unchanged without levels.
+    Nambiar, IPDPS Workshops 2015, Algorithm 2), interpolated linearly between the levels rather than by their
+    cubic spline (with two or three levels of a few hundred requests each, a cubic would carry their noise
+    between them) and held past the last, as their eq. 12 holds the spline's ends. Unchanged without levels.
     """
     rows = _levels(graph)
     if len(rows) < 2 or users <= rows[0]["users"]:

@@ -17,8 +17,8 @@ Steps, per scenario (docs/demo.md and docs/accuracy.md say why each choice):
    collector (``measure_loaded``), each light run followed by short runs at a quarter and a half of the users
    per loop (``LOAD_LEVELS``): the ``(levels)`` rows take the loop's demand and the host's CPU for the load from
    them (``analyzer.loadsim.calibrate``'s ``levels``: MVASD's load-varying demands, and the host's cores
-   simulated), the nominal rows price the load from the one-user run alone. ``--separate`` measures the switchable cases in deployments of
-   their own;
+   simulated), the nominal rows price the load from the one-user run alone. ``--separate`` measures the
+   switchable cases in deployments of their own;
 2. graphs from the baseline's measured requests;
 3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size, with one caller
    and with up to the index page's ten at once (the size case's spec filters on that api), RTTs through the
