@@ -699,14 +699,22 @@ def simulate_scenario(
     return latencies, notes
 
 
-def _loop_users(scenario: Scenario) -> int:
-    """Users per event loop under ``scenario``: its load's users over the front ends left up."""
+def _front_ends(scenario: Scenario) -> tuple[int, list[str]]:
+    """The front ends left up under ``scenario``, and a note per front end it fails."""
     load = scenario.load or Load(1)
-    alive = load.replicas
+    alive, notes = load.replicas, []
     for f in scenario.changes:
         if isinstance(f, Failure) and f.is_app:
-            alive = (f.replicas or (load.replicas if load.replicas > 1 else 2)) - 1
-    return max(1, round(load.users / alive))
+            fronts = f.replicas or (load.replicas if load.replicas > 1 else 2)
+            alive = fronts - 1
+            notes.append(f"failure: 1 of {fronts} front ends fails"
+                         f"{'' if f.replicas or load.replicas > 1 else ' (2 assumed: give failure:app?replicas=R)'}")
+    return alive, notes
+
+
+def _loop_users(scenario: Scenario) -> int:
+    """Users per event loop under ``scenario``: its load's users over the front ends left up."""
+    return max(1, round((scenario.load or Load(1)).users / _front_ends(scenario)[0]))
 
 
 _LEVEL_FIELDS = ("users", "cpu_scale", "background_ms")
@@ -965,16 +973,8 @@ def _simulate_once(
     resource's name where :func:`simulate`'s is told its group."""
     load = scenario.load or Load(1)
     failures = [c for c in scenario.changes if isinstance(c, Failure)]
-    notes: list[str] = []
-    fronts = load.replicas
-    alive_fronts = fronts
-    for f in failures:
-        if f.is_app:
-            fronts = f.replicas or (load.replicas if load.replicas > 1 else 2)
-            alive_fronts = fronts - 1
-            notes.append(f"failure: 1 of {fronts} front ends fails"
-                         f"{'' if f.replicas or load.replicas > 1 else ' (2 assumed: give failure:app?replicas=R)'}")
-    users = _loop_users(scenario)
+    alive_fronts, notes = _front_ends(scenario)
+    users = max(1, round(load.users / alive_fronts))
     graphs = [_at_load(g, users) for g in graphs]
     levels = sorted({int(row["users"]) for g in graphs for row in _levels(g)})
     if users > 1 and len(levels) > 1:
@@ -1699,8 +1699,8 @@ def calibrate(
         by 65-178% on one machine and not at all on another at the same host busy share, which nothing measured
         at one user says (``docs/accuracy.md``, runs 90-92). With the host's CPU at every level and ``host``, the
         simulation also queues the loop's work and the other processes' CPU (the host's busy CPU less the
-        loop's) for the host's cores (``OTHERS_KEY``), which at one user were the most of the host's CPU per
-        request and need a quarter less under load.
+        loop's) for the host's cores (``OTHERS_KEY``), taken at the level too: on the example those processes
+        needed 10-19% less CPU per request at 8 and 16 users than at one (runs 97-99).
     """
     if client_ms is not None:
         bad = {r: x for r, x in client_ms.items() if not (np.isfinite(x) and x >= 0)}
@@ -1788,8 +1788,7 @@ def _background(
                      "durations hold its effect")
     recorded = demand
     demand *= slowdown - 1.0 if users <= 1 else slowdown
-    ios = [[j for j, i in enumerate(p.ids) if g.node(i).kind is NodeKind.IO] for g, p in zip(graphs, plans, strict=True)]
-    calls = sum(w * len(c) for w, c in zip(weights, ios, strict=True)) / total if total > 0 else 0.0
+    ios, calls = _io_calls(graphs, plans, weights)
     for gi, plan in enumerate(plans):
         row = [0.0] * plan.size
         if calls > 0:
@@ -1808,6 +1807,16 @@ def _background(
                  f"share is served")
 
 
+def _io_calls(graphs: Sequence[CausalGraph], plans: Sequence[DagPlan], weights: Sequence[float]
+              ) -> tuple[list[list[int]], float]:
+    """Per graph, its io nodes' plan indices; and the io calls per user request (the graphs' mean by weight, 0
+    without weight): the calls a per-request demand is spread over (:func:`_background`, :func:`_others`)."""
+    ios = [[j for j, i in enumerate(p.ids) if g.node(i).kind is NodeKind.IO] for g, p in zip(graphs, plans, strict=True)]
+    total = sum(weights)
+    calls = sum(w * len(c) for w, c in zip(weights, ios, strict=True)) / total if total > 0 else 0.0
+    return ios, calls
+
+
 def _others(graphs: Sequence[CausalGraph], plans: Sequence[DagPlan], weights: Sequence[float], users: int
             ) -> tuple[list[tuple[float, ...]], int, str]:
     """Per graph, per node: the host's other processes' CPU each io call queues for a core; the cores; a note.
@@ -1818,19 +1827,21 @@ def _others(graphs: Sequence[CausalGraph], plans: Sequence[DagPlan], weights: Se
     client's, the rest, is spread with it. At one user per loop nothing is queued: the recorded waits hold it.
     """
     none: list[tuple[float, ...]] = [() for _ in plans]
-    total = sum(weights)
     amounts = [_positive_meta(g, OTHERS_KEY) for g, w in zip(graphs, weights, strict=True) if w > 0]
     cpus = [_positive_meta(g, HOST_CPUS_KEY) for g in graphs]
-    if users <= 1 or total <= 0 or not amounts or None in amounts or not all(cpus):
+    if users <= 1 or sum(weights) <= 0 or not amounts or None in amounts or not all(cpus):
         return none, 0, ""
     demand = max(a for a in amounts if a is not None)
     cores = int(max(c for c in cpus if c is not None))
-    ios = [{j for j, i in enumerate(p.ids) if g.node(i).kind is NodeKind.IO}
-           for g, p in zip(graphs, plans, strict=True)]
-    calls = sum(w * len(c) for w, c in zip(weights, ios, strict=True)) / total
+    ios, calls = _io_calls(graphs, plans, weights)
     if calls <= 0:
         return none, 0, ""
-    out = [tuple(demand / calls if j in c else 0.0 for j in range(p.size)) for p, c in zip(plans, ios, strict=True)]
+    out = []
+    for plan, members in zip(plans, ios, strict=True):
+        row = [0.0] * plan.size
+        for j in members:
+            row[j] = demand / calls
+        out.append(tuple(row))
     return out, cores, (f"host: its {cores} cores serve the loop's work and the other processes' {demand:.3g} ms of "
                         f"CPU per request at this load (the database, cache, services and load client beside the "
                         f"app, from the measured levels), {demand / calls:.3g} ms per io call, first come first "
