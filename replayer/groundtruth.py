@@ -685,14 +685,15 @@ def pooled_light(lights: Sequence[GroundTruth]) -> tuple[float, float, dict[str,
     Per-request figures are weighted by each run's requests; where a run did not measure the loop's CPU, the
     app's user and system CPU stand for it (one thread, the loop's)."""
     counts = [sum(len(v) for v in t.client_ms.values()) for t in lights]
-
-    def per_request(values: list[float]) -> float:
-        return sum(x * n for x, n in zip(values, counts, strict=True)) / max(sum(counts), 1)
-
     # getattr: runs pickled before GroundTruth had these fields (the accuracy benchmark's recordings)
-    loop_ms = per_request([getattr(t, "loop_cpu_ms", 0.0) or sum(t.app_cpu_ms) for t in lights])
-    preempted_ms = per_request([getattr(t, "loop_preempted_ms", 0.0) for t in lights])
+    loop_ms = _weighted([getattr(t, "loop_cpu_ms", 0.0) or sum(t.app_cpu_ms) for t in lights], counts)
+    preempted_ms = _weighted([getattr(t, "loop_preempted_ms", 0.0) for t in lights], counts)
     return loop_ms, preempted_ms, _by_route(t.client_ms for t in lights)
+
+
+def _weighted(values: Iterable[float], weights: Sequence[int]) -> float:
+    """The mean of ``values`` weighted by ``weights`` (requests), 0 where they hold none."""
+    return sum(x * n for x, n in zip(values, weights, strict=True)) / max(sum(weights), 1)
 
 
 def pooled_levels(lights: Sequence[GroundTruth]) -> list[tuple[int, float, float, float | None]]:
@@ -706,14 +707,10 @@ def pooled_levels(lights: Sequence[GroundTruth]) -> list[tuple[int, float, float
             by_users.setdefault(x.users, []).append(x)
     out: list[tuple[int, float, float, float | None]] = []
     for n, xs in sorted(by_users.items()):
-        weight = max(sum(x.requests for x in xs), 1)
-
-        def mean(values: Iterable[float], xs: list[LoopLevel] = xs, weight: int = weight) -> float:
-            return sum(v * x.requests for v, x in zip(values, xs, strict=True)) / weight
-
+        counts = [x.requests for x in xs]
         host = [getattr(x, "host_cpu_ms", 0.0) for x in xs]
-        out.append((n, mean(x.loop_cpu_ms for x in xs), mean(x.preempted_ms for x in xs),
-                    mean(host) if all(h > 0 for h in host) else None))
+        out.append((n, _weighted((x.loop_cpu_ms for x in xs), counts), _weighted((x.preempted_ms for x in xs), counts),
+                    _weighted(host, counts) if all(h > 0 for h in host) else None))
     return out
 
 
@@ -744,7 +741,7 @@ def pooled_host(runs: Sequence[GroundTruth]) -> tuple[float, int] | None:
     busy = [getattr(t, "host_cpu_ms", (0.0, 0.0))[0] for t in runs]
     if not runs or not all(b > 0 for b in busy) or sum(counts) < 1:
         return None
-    return sum(b * n for b, n in zip(busy, counts, strict=True)) / sum(counts), os.cpu_count() or 1
+    return _weighted(busy, counts), os.cpu_count() or 1
 
 
 def measure_paired(

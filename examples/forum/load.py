@@ -98,6 +98,7 @@ class LoadResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LoadResult:
         """The inverse of :meth:`to_json` (derived fields are ignored)."""
+        busy, steal = data.get("host_cpu_s", (0.0, 0.0))
         return cls(
             latencies_ms=tuple(float(x) for x in data["latencies_ms"]),
             paths=tuple(str(p) for p in data["paths"]),
@@ -107,7 +108,7 @@ class LoadResult:
             users=int(data["users"]),
             mode=str(data["mode"]),
             labels=tuple(str(x) for x in data.get("labels", ())),
-            host_cpu_s=(float(data.get("host_cpu_s", (0.0, 0.0))[0]), float(data.get("host_cpu_s", (0.0, 0.0))[1])),
+            host_cpu_s=(float(busy), float(steal)),
         )
 
     def summary(self) -> str:
