@@ -338,12 +338,12 @@ def test_failure_routes_all_load_to_the_surviving_replica() -> None:
 def test_light_and_loaded_phases_take_turns_in_one_deployment() -> None:
     lights, truths = measure_loaded(ForumSetup(seed=11), Applied(app_replicas=2, failed_replicas=1), users=3,
                                     requests=30, light_requests=8, blocks=2, warmup_requests=3,
-                                    paths=("/post/{n}",), levels=(2,), level_requests=40)
+                                    paths=("/post/{n}",), levels=(2,), level_requests=200)
     assert len(lights) == len(truths) == 2
     assert [t.users for t in lights + truths] == [1, 1, 3, 3]
     assert all(len(t.client_ms["GET /post/{id}"]) == 8 for t in lights)
     # each light phase also ran 2 users on the serving replica: its loop's CPU per request measured there
-    assert [[(x.users, x.requests) for x in t.levels] for t in lights] == [[(2, 40)], [(2, 40)]]
+    assert [[(x.users, x.requests) for x in t.levels] for t in lights] == [[(2, 200)], [(2, 200)]]
     assert all(x.loop_cpu_ms > 0 and x.preempted_ms >= 0 and x.throughput_rps > 0 and x.host_cpu_ms > x.loop_cpu_ms
                for t in lights for x in t.levels)
     assert [x["users"] for x in lights[0].to_json()["levels"]] == [2] and truths[0].levels == ()
