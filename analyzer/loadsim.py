@@ -712,9 +712,11 @@ def _front_ends(scenario: Scenario) -> tuple[int, list[str]]:
     return alive, notes
 
 
-def _loop_users(scenario: Scenario) -> int:
-    """Users per event loop under ``scenario``: its load's users over the front ends left up."""
-    return max(1, round((scenario.load or Load(1)).users / _front_ends(scenario)[0]))
+def _loop_users(scenario: Scenario, alive_fronts: int | None = None) -> int:
+    """Users per event loop under ``scenario``: its load's users over the front ends left up (``alive_fronts``,
+    when already known from :func:`_front_ends`)."""
+    alive = _front_ends(scenario)[0] if alive_fronts is None else alive_fronts
+    return max(1, round((scenario.load or Load(1)).users / alive))
 
 
 _LEVEL_FIELDS = ("users", "cpu_scale", "background_ms")
@@ -974,7 +976,7 @@ def _simulate_once(
     load = scenario.load or Load(1)
     failures = [c for c in scenario.changes if isinstance(c, Failure)]
     alive_fronts, notes = _front_ends(scenario)
-    users = max(1, round(load.users / alive_fronts))
+    users = _loop_users(scenario, alive_fronts)
     graphs = [_at_load(g, users) for g in graphs]
     levels = sorted({int(row["users"]) for g in graphs for row in _levels(g)})
     if users > 1 and len(levels) > 1:
@@ -1844,8 +1846,8 @@ def _others(graphs: Sequence[CausalGraph], plans: Sequence[DagPlan], weights: Se
         out.append(tuple(row))
     return out, cores, (f"host: its {cores} cores serve the loop's work and the other processes' {demand:.3g} ms of "
                         f"CPU per request at this load (the database, cache, services and load client beside the "
-                        f"app, from the measured levels), {demand / calls:.3g} ms per io call, first come first "
-                        "served: a call waits for a core before its backend's share")
+                        f"app, from the measured levels), {demand / calls:.3g} ms per io call, placed at the earliest "
+                        "time a core has room: a call waits for a core before its backend's share")
 
 
 class _Nesting:
