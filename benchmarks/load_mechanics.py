@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=4000, help="Monte Carlo samples per route")
     p.add_argument("--out", type=Path, default=RESULTS / "load_mechanics.json")
     ns = p.parse_args(argv)
+    for name, value, least in (("--users", ns.users, 2), ("--rounds", ns.rounds, 1), ("--requests", ns.requests, 1),
+                               ("--samples", ns.samples, 1)):
+        if value < least:
+            p.error(f"{name} must be at least {least}, got {value}")
     if not (_reachable(6379) and _reachable(5432)):
         print("load_mechanics: needs Redis on 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432", file=sys.stderr)
         return 2

@@ -49,3 +49,13 @@ def test_the_simulated_waits_are_read_off_the_queueing_note(bench: ModuleType) -
             "ms for the loop, 45.2 ms for a pooled connection over 1 call; the loop 99% busy")
     assert bench.simulated_waits(("other", note)) == {"GET /": (180.0, 929.0), "GET /post/{id}": (9.78, 45.2)}
     assert bench.simulated_waits(("no queueing here",)) == {}
+
+
+@pytest.mark.parametrize(("args", "named"), [(["--users", "1"], "--users"), (["--rounds", "0"], "--rounds"),
+                                             (["--requests", "0"], "--requests")])
+def test_bad_arguments_are_refused_by_name(bench: ModuleType, args: list[str], named: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.main(args)
+    assert exc.value.code == 2
+    assert f"{named} must be at least" in capsys.readouterr().err
