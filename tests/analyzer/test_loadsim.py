@@ -422,25 +422,30 @@ class TestCpuModel:
         assert mean_latency([g], "load:10") == pytest.approx(40.0, rel=0.01)  # uncalibrated: wall time
 
 
-    def test_calibrated_waits_scale_all_but_cpu_and_timeouts(self) -> None:
-        # a 10 ms call with 2 ms of loop CPU, then a 30 ms timeout racing nothing: waits x 0.5
+    def test_calibrated_waits_scale_what_the_process_serves_itself(self) -> None:
+        # waits x 0.5: a 6 ms wake-up and a 10 ms SQLite call (a thread of the process; 2 ms of loop CPU) are
+        # scaled; a 10 ms Redis call (another process) and a 30 ms timeout racing nothing keep their length
         timer = Node("t", NodeKind.TIMER, (30.0,) * 20, timeout_ms=30.0)
-        g = chain("GET /", io("a", 10.0, cpu=2.0, before=1.0), timer)
+        woken = Node("w", NodeKind.WAIT, (6.0,) * 20)
+        lite = replace(io("q", 10.0, cpu=2.0, before=1.0), api="sqlite SELECT", resource="sqlite:///f",
+                       system="sqlite")
+        g = chain("GET /", io("a", 10.0, cpu=2.0, before=1.0), woken, lite, timer)
         graphs = with_background([g], 0.0, wait_scale=0.5)
         assert graphs[0].meta[WAIT_SCALE_KEY] == 0.5
-        assert mean_latency(graphs, "load:1") == pytest.approx(2.0 + 8.0 * 0.5 + 30.0)
+        assert mean_latency(graphs, "load:1") == pytest.approx(10.0 + 6.0 * 0.5 + 2.0 + 8.0 * 0.5 + 30.0)
+        assert mean_latency([g], "load:1") == pytest.approx(10.0 + 6.0 + 10.0 + 30.0)
         (p,) = predict(graphs, "load:2", samples=50, rng=rng())
-        assert any("calibrated waits" in n for n in p.notes)
+        assert any("calibrated waits" in n and "another process serves keeps its wait" in n for n in p.notes)
 
     def test_the_wait_scale_makes_one_user_take_the_measured_time(self) -> None:
-        # 2 ms of CPU (scale 0.5 without the collector: 1 ms) then an 8 ms call: 1 + 8 s. A light run without
-        # the collector measured 5 ms: s = 0.5. 10 ms would need s > 1: 1 (the rest is the client's side).
-        # 0.5 ms needs s < 0: the floor
-        g = chain("GET /", compute("c", 2.0), io("x", 8.0))
+        # 2 ms of CPU (scale 0.5 without the collector: 1 ms), an 8 ms wake-up, a 3 ms call to another process:
+        # 1 + 8 s + 3. A light run without the collector measured 8 ms: s = 0.5. 13 ms would need s > 1: 1 (the
+        # rest is the client's side). 3.5 ms needs s < 0: the floor
+        g = chain("GET /", compute("c", 2.0), Node("w", NodeKind.WAIT, (8.0,) * 20), io("x", 3.0))
         demand = background_demand([g], [g], process_cpu_ms=1.0)
-        assert fit_wait_scale([g], demand, 5.0) == pytest.approx(0.5, abs=1e-3)
-        assert fit_wait_scale([g], demand, 10.0) == 1.0
-        assert fit_wait_scale([g], demand, 0.5, floor=0.05) == 0.05
+        assert fit_wait_scale([g], demand, 8.0) == pytest.approx(0.5, abs=1e-3)
+        assert fit_wait_scale([g], demand, 13.0) == 1.0
+        assert fit_wait_scale([g], demand, 3.5, floor=0.05) == 0.05
         with pytest.raises(ValueError, match="target_ms must be positive"):
             fit_wait_scale([g], demand, 0.0)
         with pytest.raises(ValueError, match="wait_scale must be positive"):
@@ -580,8 +585,8 @@ def test_a_load_prediction_says_how_busy_the_host_would_be(host_ms: float, warne
 
 
 def test_calibrate_fits_each_user_routes_waits_to_its_latency_without_the_collector() -> None:
-    a = chain("GET /a", compute("c", 2.0), io("x", 8.0))  # 2 ms of CPU recorded per request
-    b = chain("GET /b", compute("c", 2.0), io("x", 8.0))
+    a = chain("GET /a", compute("c", 2.0), Node("w", NodeKind.WAIT, (8.0,) * 20))  # 2 ms of CPU recorded
+    b = chain("GET /b", compute("c", 2.0), Node("w", NodeKind.WAIT, (8.0,) * 20))
     inner = chain("GET /inner", compute("c", 1.0))  # an in-process service the users do not call directly
     # 40 + 40 + 20 ms of CPU over 40 user requests (20 each): 2.5 ms traced per request against 1.5 measured,
     # CPU scale 0.6: the compute holds the loop 1.2 ms, so 5 ms is 1.2 + 8 s (s = 0.475), 9 ms s = 0.975
@@ -603,9 +608,9 @@ def test_calibrate_fits_each_user_routes_waits_to_its_latency_without_the_collec
 
 
 def test_calibrate_starts_each_request_with_its_time_outside_the_server_span() -> None:
-    # 1 ms of CPU and a 4 ms call recorded server-side; the client measured 5.5 ms without the collector, 1 ms
-    # of it outside the server span: the waits are fitted to the rest, 1 + 4 s = 4.5 (s = 0.875)
-    g = chain("GET /", compute("c", 1.0), io("x", 4.0))
+    # 1 ms of CPU and a 4 ms wake-up recorded server-side; the client measured 5.5 ms without the collector,
+    # 1 ms of it outside the server span: the waits are fitted to the rest, 1 + 4 s = 4.5 (s = 0.875)
+    g = chain("GET /", compute("c", 1.0), Node("w", NodeKind.WAIT, (4.0,) * 20))
     graphs, cal = calibrate([g], ["GET /"], 1.0, {"GET /": [5.5]}, client_ms={"GET /": 1.0})
     assert graphs[0].meta[CLIENT_KEY] == 1.0 and cal.by_route["GET /"] == pytest.approx(0.875, abs=1e-3)
     (p,) = predict(graphs, "load:1", samples=200, rng=rng())
