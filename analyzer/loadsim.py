@@ -1426,6 +1426,7 @@ def _scaled_wait(node: Node, nested: int) -> bool:
         return False
     return node.kind is not NodeKind.IO or node.system in THREAD_SYSTEMS or nested >= 0
 
+
 CPU_SCALE_KEY = "cpu_scale"
 """Graph ``meta`` key: the factor that turns recorded on-loop CPU into the CPU of the app without the collector
 (``min(1, process / traced)``); when present, compute nodes hold the loop for ``cpu_ms`` x it."""

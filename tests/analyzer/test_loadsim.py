@@ -27,6 +27,7 @@ from analyzer.loadsim import (
     OTHERS_KEY,
     WAIT_SCALE_KEY,
     _background,
+    _scaled_wait,
     background_demand,
     calibrate,
     fit_wait_scale,
@@ -436,6 +437,16 @@ class TestCpuModel:
         assert mean_latency([g], "load:1") == pytest.approx(10.0 + 6.0 + 10.0 + 30.0)
         (p,) = predict(graphs, "load:2", samples=50, rng=rng())
         assert any("calibrated waits" in n and "another process serves keeps its wait" in n for n in p.notes)
+
+    def test_a_nested_call_is_served_by_the_process_and_its_wait_scaled(self) -> None:
+        # the rule per node: an HTTP call to another process keeps its wait, the same call to a route the
+        # simulation serves (nested) is the process's own; CPU and timeouts are never waits
+        call = io("h", 5.0)
+        assert not _scaled_wait(call, -1) and _scaled_wait(call, 0)
+        assert _scaled_wait(Node("s", NodeKind.SYNC, (1.0,) * 20), -1)
+        assert not _scaled_wait(compute("c", 1.0), -1)
+        assert not _scaled_wait(Node("t", NodeKind.TIMER, (30.0,) * 20, timeout_ms=30.0), -1)
+        assert _scaled_wait(Node("t", NodeKind.TIMER, (30.0,) * 20), -1)
 
     def test_the_wait_scale_makes_one_user_take_the_measured_time(self) -> None:
         # 2 ms of CPU (scale 0.5 without the collector: 1 ms), an 8 ms wake-up, a 3 ms call to another process:
