@@ -34,6 +34,7 @@ import numpy as np
 from analyzer.accuracy import cdf_deviation
 from analyzer.build import build_graphs
 from analyzer.graph import CausalGraph, NodeKind
+from analyzer.loadsim import _pool_waits
 from analyzer.predict import predict
 from analyzer.spans import Request, read_spans
 from replayer.groundtruth import ForumSetup, GroundTruth, measure, measured_requests
@@ -42,7 +43,9 @@ RESULTS = Path(__file__).with_name("results")
 ROUTES = ("GET /", "GET /post/{id}")
 REDIS_URL = "redis://127.0.0.1:6379/13"
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
-_QUEUEING = re.compile(r"(GET [^ ]+) \(mean [\d.]+ ms\) ([\d.]+) ms for the loop(?:, ([\d.]+) ms for a pooled connection)?")
+_NUMBER = r"[\d.]+(?:e[+-]?\d+)?"  # the note prints 3 significant digits: 1154 ms is "1.15e+03"
+_QUEUEING = re.compile(rf"(GET [^ ]+) \(mean {_NUMBER} ms\) ({_NUMBER}) ms for the loop"
+                       rf"(?:, ({_NUMBER}) ms for a pooled connection)?")
 
 
 def _reachable(port: int) -> bool:
@@ -57,19 +60,12 @@ def _requests(truth: GroundTruth) -> list[Request]:
 
 def pool_wait_ms(graph: CausalGraph) -> np.ndarray:
     """Per recorded request of ``graph``: its summed waits for a pooled connection (a wait node of a task right
-    before that task's step that makes a PostgreSQL call)."""
+    before that task's step that makes a PostgreSQL call), found as the simulation finds the waits it leaves out."""
+    ids = [node.id for node in graph.nodes]
+    pooled = [0 if node.kind is NodeKind.IO and node.system == "postgresql" else -1 for node in graph.nodes]
     total = np.zeros(len(graph.latency_ms))
-    for node in graph.nodes:
-        if node.kind is not NodeKind.IO or node.system != "postgresql":
-            continue
-        for step in graph.dag.predecessors(node.id):
-            s = graph.node(step)
-            if s.kind is not NodeKind.COMPUTE or s.task != node.task:
-                continue
-            for w in graph.dag.predecessors(step):
-                wait = graph.node(w)
-                if wait.kind is NodeKind.WAIT and wait.task == node.task:
-                    total += np.asarray(wait.samples_ms)
+    for j in _pool_waits(graph, ids, pooled):
+        total += np.asarray(graph.nodes[j].samples_ms)
     return total
 
 

@@ -49,6 +49,10 @@ def test_the_simulated_waits_are_read_off_the_queueing_note(bench: ModuleType) -
             "ms for the loop, 45.2 ms for a pooled connection over 1 call; the loop 99% busy")
     assert bench.simulated_waits(("other", note)) == {"GET /": (180.0, 929.0), "GET /post/{id}": (9.78, 45.2)}
     assert bench.simulated_waits(("no queueing here",)) == {}
+    # past 999 ms the note's three significant digits print in e-notation, still read whole
+    big = note.replace("(mean 308 ms) 180 ms for the loop, 929 ms",
+                       "(mean 1.43e+03 ms) 180 ms for the loop, 1.15e+03 ms")
+    assert bench.simulated_waits((big,))["GET /"] == (180.0, 1150.0)
 
 
 @pytest.mark.parametrize(("args", "named"), [(["--users", "1"], "--users"), (["--rounds", "0"], "--rounds"),
