@@ -53,6 +53,11 @@ def compute(node_id: str, ms: float, count: int = 20) -> Node:
     return Node(node_id, NodeKind.COMPUTE, (ms,) * count, cpu_ms=(ms,) * count)
 
 
+def wake(node_id: str, ms: float, count: int = 20) -> Node:
+    """A wake-up: a task's wait on a future another task sets (no CPU, no other process)."""
+    return Node(node_id, NodeKind.WAIT, (ms,) * count)
+
+
 def io(node_id: str, ms: float, cpu: float = 0.0, before: float | None = None, count: int = 20) -> Node:
     extra = {"cpu_before_ms": [before] * count} if before is not None else {}
     return Node(node_id, NodeKind.IO, (ms,) * count, api="redis GET", resource="redis://h:1/0", system="redis",
@@ -427,7 +432,7 @@ class TestCpuModel:
         # waits x 0.5: a 6 ms wake-up and a 10 ms SQLite call (a thread of the process; 2 ms of loop CPU) are
         # scaled; a 10 ms Redis call (another process) and a 30 ms timeout racing nothing keep their length
         timer = Node("t", NodeKind.TIMER, (30.0,) * 20, timeout_ms=30.0)
-        woken = Node("w", NodeKind.WAIT, (6.0,) * 20)
+        woken = wake("w", 6.0)
         lite = replace(io("q", 10.0, cpu=2.0, before=1.0), api="sqlite SELECT", resource="sqlite:///f",
                        system="sqlite")
         g = chain("GET /", io("a", 10.0, cpu=2.0, before=1.0), woken, lite, timer)
@@ -452,7 +457,7 @@ class TestCpuModel:
         # 2 ms of CPU (scale 0.5 without the collector: 1 ms), an 8 ms wake-up, a 3 ms call to another process:
         # 1 + 8 s + 3. A light run without the collector measured 8 ms: s = 0.5. 13 ms would need s > 1: 1 (the
         # rest is the client's side). 3.5 ms needs s < 0: the floor
-        g = chain("GET /", compute("c", 2.0), Node("w", NodeKind.WAIT, (8.0,) * 20), io("x", 3.0))
+        g = chain("GET /", compute("c", 2.0), wake("w", 8.0), io("x", 3.0))
         demand = background_demand([g], [g], process_cpu_ms=1.0)
         assert fit_wait_scale([g], demand, 8.0) == pytest.approx(0.5, abs=1e-3)
         assert fit_wait_scale([g], demand, 13.0) == 1.0
@@ -596,8 +601,8 @@ def test_a_load_prediction_says_how_busy_the_host_would_be(host_ms: float, warne
 
 
 def test_calibrate_fits_each_user_routes_waits_to_its_latency_without_the_collector() -> None:
-    a = chain("GET /a", compute("c", 2.0), Node("w", NodeKind.WAIT, (8.0,) * 20))  # 2 ms of CPU recorded
-    b = chain("GET /b", compute("c", 2.0), Node("w", NodeKind.WAIT, (8.0,) * 20))
+    a = chain("GET /a", compute("c", 2.0), wake("w", 8.0))  # 2 ms of CPU recorded
+    b = chain("GET /b", compute("c", 2.0), wake("w", 8.0))
     inner = chain("GET /inner", compute("c", 1.0))  # an in-process service the users do not call directly
     # 40 + 40 + 20 ms of CPU over 40 user requests (20 each): 2.5 ms traced per request against 1.5 measured,
     # CPU scale 0.6: the compute holds the loop 1.2 ms, so 5 ms is 1.2 + 8 s (s = 0.475), 9 ms s = 0.975
@@ -621,7 +626,7 @@ def test_calibrate_fits_each_user_routes_waits_to_its_latency_without_the_collec
 def test_calibrate_starts_each_request_with_its_time_outside_the_server_span() -> None:
     # 1 ms of CPU and a 4 ms wake-up recorded server-side; the client measured 5.5 ms without the collector,
     # 1 ms of it outside the server span: the waits are fitted to the rest, 1 + 4 s = 4.5 (s = 0.875)
-    g = chain("GET /", compute("c", 1.0), Node("w", NodeKind.WAIT, (4.0,) * 20))
+    g = chain("GET /", compute("c", 1.0), wake("w", 4.0))
     graphs, cal = calibrate([g], ["GET /"], 1.0, {"GET /": [5.5]}, client_ms={"GET /": 1.0})
     assert graphs[0].meta[CLIENT_KEY] == 1.0 and cal.by_route["GET /"] == pytest.approx(0.875, abs=1e-3)
     (p,) = predict(graphs, "load:1", samples=200, rng=rng())
