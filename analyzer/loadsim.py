@@ -670,8 +670,9 @@ def simulate_scenario(
         latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, neighbour=neighbour)
         return latencies, notes + measured_note + how
     spread = "" if profile is None else (
-        f"the first {profile.span_ms:.2g} ms of loop work (the work the profile's extra was measured on: its "
-        "requests' median back to back)")
+        f"the loop work after them, what is still owed falling by e every {profile.tau_ms:.2g} ms of it ("
+        + ("fitted to the profiled requests' steps" if profile.decay_ms > 0 else
+           "half the work the profile's extra was measured on: its requests' median back to back") + ")")
     cost = _WakeCost(profile, spread, int(rng.integers(2**62)), services)
     # Both passes draw the same sequence of requests (at one user, the same one after the other), so that a
     # piece of work is charged beyond what the same piece was charged after the same predecessor: with
@@ -843,12 +844,12 @@ class _WakeCost:
     """What the loop's idle gaps add to the work after them: recorded in a baseline pass, charged beyond that in
     the scenario's pass (:func:`simulate_scenario`).
 
-    A gap's extra (:meth:`WakeProfile.at`) is spread over the first ``span_ms`` of loop work after it, the work
-    the profile's requests did (a short step after a gap runs slow, but does not pay for a whole request's
-    warm-up). A gap that comes before that work is done is priced together with the idle still behind it (the
-    earlier gap, in the share of its cold work left): a host idle for 10 ms, awake for 0.2 ms and idle for 10 ms
-    again is about as cold as after one 20 ms spell. The quantile of each gap is a hash of the work that ends it
-    (workload, node, column, site), so that both passes draw the same one.
+    A gap's extra (:meth:`WakeProfile.at`) is paid by the loop work after it, the first the most: what is still
+    owed falls by a factor e with every :attr:`WakeProfile.tau_ms` of work (a short step after a gap runs slow,
+    but does not pay for a whole request's warm-up). A gap that comes before it is paid is priced together with
+    the idle still behind it (the earlier gap, in the share of its extra still owed): a host idle for 10 ms,
+    awake for 0.2 ms and idle for 10 ms again is about as cold as after one 20 ms spell. The quantile of each
+    gap is a hash of the work that ends it (workload, node, column, site), so that both passes draw the same one.
 
     The services' own (:func:`~analyzer.wakeup.service_wake_profiles`): each io call to a resource with a
     profile is charged what the resource's idle before it adds, beyond what the call's recorded idle added.
@@ -918,8 +919,8 @@ class _WakeCost:
         if self.profile is None:
             return None
         profile = self.profile
-        span = profile.span_ms
-        # server -> [cold work left (ms), extra per ms of it, idle behind the cold spell (ms)]
+        tau = profile.tau_ms
+        # server -> [extra still owed (ms), owed when the loop woke (ms), idle behind the cold spell (ms)]
         cold: dict[int, list[float]] = {}
 
         def wake(k: int, j: int, col: int, site: int, gap: float, d: float, server: int) -> float:
@@ -928,13 +929,14 @@ class _WakeCost:
                 # Idle spells a little work apart add up: two 10 ms waits 0.2 ms of work apart leave the host as
                 # cold as one 20 ms wait (measured on the post page under a location scenario: +0.8 ms, where
                 # the profile gives +0.2 for 10 ms and +0.7 for 20). The idle of the spell before still counts
-                # in the share of its cold work not yet done.
-                idle = gap + state[2] * state[0] / span
-                owed = max(profile.at(idle, self._u(k, j, col, site)), state[0] * state[1])
-                state[0], state[1], state[2] = span, owed / span, idle
-            part = min(d, state[0])
+                # in the share of its extra not yet paid.
+                idle = gap + (state[2] * state[0] / state[1] if state[1] > 0 else 0.0)
+                owed = max(profile.at(idle, self._u(k, j, col, site)), state[0])
+                state[0], state[1], state[2] = owed, owed, idle
+            # the first work after a wake-up is the slowest: each ms of it pays 1/tau of what is still owed
+            part = state[0] * -math.expm1(-d / tau) if d > 0 else 0.0
             state[0] -= part
-            extra = self._beyond((k, j, col, site), part * state[1], recording)
+            extra = self._beyond((k, j, col, site), part, recording)
             if not recording and extra != 0.0:
                 self.charged += 1
                 self.total_ms += extra
@@ -945,7 +947,7 @@ class _WakeCost:
     def describe(self) -> list[str]:
         out = []
         if self.profile is not None:
-            out.append(f"wake-up: what the loop's idle gaps add to {self.spread} after them, from the "
+            out.append(f"wake-up: what the loop's idle gaps add to {self.spread}, from the "
                        f"{self.profile.how}, beyond what the same work's gaps as recorded cost ({self.charged} "
                        f"pieces of work, {self.total_ms / max(self.charged, 1):+.3f} ms each on average)")
         for resource, p in sorted(self.resolved.items()):

@@ -15,17 +15,20 @@ first loop work after it is read off the profiles at an independent uniform quan
     extra(g, u) = Q_g(u) - Q_0(u)
 
 linear in ``g`` between measured gaps, the largest gap's extra above it, nothing for ``g <= 0``. The profile
-measured it on a whole request's work, so the extra is spread over the first ``span_ms`` of loop work after the
-gap, the work it was measured on (the profiled requests' median back to back: for the loop's profile, their time
-without io calls): a short step woken after a long wait runs slow, but does not pay a whole request's warm-up.
-Spread over the route's recorded loop work instead (its steps' CPU and its io calls' CPU on the loop, 1.3 ms on
-the example's post page where the profile's 0.8 ms off its io calls held the extra), a step after a 10 ms wait
-was charged 20% more time where the spans showed 60-130%, and the post page came out 0.2-0.8 ms short under every
-location change (``docs/accuracy.md``, run 58). The load simulation (:mod:`analyzer.loadsim`) knows the loop's
-idle gap before every piece of work; it charges each piece what its gap adds under the scenario minus what its
-gap in the same request added under the baseline, so what the recorded durations already hold is not counted
-twice. Gaps a little work apart add up there: a gap before the last one's ``span_ms`` of work is done is priced
-with that gap's idle in the share of the work left.
+measured it on a whole request's work, but the work right after the gap pays most of it: what is still owed
+falls by a factor e with every ``tau`` ms of loop work (:attr:`WakeProfile.decay_ms`), fitted by
+:func:`fit_decay` to the steps of the profiled requests (on the example's post page 0.42 ms: the first 0.36 ms
+of its 1.8 ms, reading the request, took 58-63% of the extra after every pause). A short step woken after a long
+wait runs slow, but does not pay a whole request's warm-up. Spread evenly over the profiled requests' work
+instead (1.8 ms), a 0.1 ms step after a 10 ms wait for the database was charged a fifth of the 0.13 ms the spans
+showed, and under ``location:postgresql=+10ms`` the post page came out 0.6 ms and the index page, ten waits
+long, 5.9 ms short (``docs/accuracy.md``, run 107); spread over the route's recorded loop work, 0.2-0.8 ms short
+under every location change (run 58). Without step data (a profile timed from outside) ``tau`` is half the
+work the extra was measured on, the mean position of an even spread. The load simulation
+(:mod:`analyzer.loadsim`) knows the loop's idle gap before every piece of work; it charges each piece what its
+gap adds under the scenario minus what its gap in the same request added under the baseline, so what the
+recorded durations already hold is not counted twice. Gaps a little work apart add up there: a gap before the
+last one's extra is paid is priced with that gap's idle in the share still owed.
 
 Measured from outside the app (``perfcast profile --http URL --idle 5,10,20``), a profile also holds the
 client's own wake-up, and the services' the app called. From the app's spans it holds the loop's work off the
@@ -50,11 +53,13 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from scipy.optimize import minimize_scalar
 
 from analyzer.profiles import ProfileKey, resource_system
 from analyzer.spans import Request
@@ -62,9 +67,11 @@ from analyzer.spans import Request
 __all__ = [
     "SERVICE_WAKE_API",
     "WAKE_API",
+    "WAKE_DECAY_API",
     "WakeProfile",
     "add_wake_profile",
     "add_wake_profiles",
+    "fit_decay",
     "monotone_extra",
     "service_profile_for",
     "service_wake_profiles",
@@ -79,6 +86,10 @@ WAKE_API = "wake"
 SERVICE_WAKE_API = "wake service"
 """The api of service wake-up profiles: a resource's first call after it idled ``idle_ms`` (its lowest level the
 reference)."""
+
+WAKE_DECAY_API = "wake decay"
+"""The api of a loop wake-up profile's decay length (ms, workload-independent, under the loop profile's resource):
+:attr:`WakeProfile.decay_ms`, fitted by :func:`fit_decay` from the steps of the profiled requests."""
 
 _MIN_SPREAD_MS = 5.0
 """A service's idle levels must span this much for a profile of it: a resource called at one pace only (the
@@ -99,16 +110,24 @@ class WakeProfile:
     how: str
     """Which profiles, for ``--explain``."""
     span_ms: float = 1.0
-    """The loop work a gap's extra is spread over: the profiled requests' median latency back to back, the work
-    the extra was measured on."""
+    """The loop work the extra was measured on: the profiled requests' median latency back to back."""
     resource: str = ""
     """What was timed: ``... GET /post/{id}`` for an endpoint of the app (its route last)."""
+    decay_ms: float = 0.0
+    """How fast the work after a gap pays its extra: what is still owed falls by a factor e with every
+    ``decay_ms`` of loop work (fitted by :func:`fit_decay`); 0 when not fitted, read as ``span_ms / 2`` (the
+    mean position of an extra spread evenly over the work it was measured on)."""
     _rows: list[list[float]] = field(init=False, repr=False, compare=False)
     _levels: list[float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_rows", self.extra_ms.tolist())
         object.__setattr__(self, "_levels", self.idle_ms.tolist())
+
+    @property
+    def tau_ms(self) -> float:
+        """The decay length in use: :attr:`decay_ms`, else half of :attr:`span_ms`."""
+        return self.decay_ms if self.decay_ms > 0 else self.span_ms / 2
 
     def at(self, gap_ms: float, u: float) -> float:
         """What an idle gap of ``gap_ms`` adds to the loop work after it, at the uniform quantile ``u``.
@@ -178,6 +197,10 @@ def add_wake_profiles(
     held = "without its io calls, with its reading of the request" if woke else "without its io calls"
     lines = [f"loop ({name}, {held}): " + ", ".join(
         f"{np.median(x):.3f} ms at {g:g}" for g, x in sorted(loop.items()) if x)]
+    decay = fit_decay({g: [_steps_ms(r, woke) for r in rs] for g, rs in measured.items()})
+    if decay is not None:
+        store.add(ProfileKey.make(WAKE_DECAY_API, name), [decay], note=note)
+        lines[0] += f"; what is still owed falls by e every {decay:.3g} ms of work after the pause"
     starts: dict[str, list[int]] = {}
     for req in every:
         for call in req.ios:
@@ -212,6 +235,62 @@ def add_wake_profiles(
         lines.append(f"service {resource}: first call " + ", ".join(
             f"{np.median(by_gap[g][1]):.3f} ms after {level:g} ms idle" for g, level in zip(gaps, levels, strict=True)))
     return lines
+
+
+def fit_decay(steps: Mapping[float, Sequence[Sequence[float]]]) -> float | None:
+    """The decay length (ms of loop work) of a wake-up's extra, from the loop's work between waits in requests
+    sent after pauses: ``steps[g]``, one list per request of its pieces of loop work (ms) in order, for each
+    pause ``g`` (0, back to back, included). None when that cannot tell it (fewer than two pieces, no pause
+    that slows the work, no requests back to back).
+
+    The requests of the commonest shape (number of pieces) are kept; a pause's extra on piece ``i`` is the
+    difference of its medians after the pause and back to back, at least 0. The model: what is still owed falls
+    by a factor e with every ``tau`` ms of work, so a piece from ``x`` to ``x + w`` ms of work (back-to-back
+    medians) pays ``exp(-x / tau) - exp(-(x + w) / tau)`` of it, normalised over the request's pieces; ``tau``
+    minimises the squared differences to the measured extras of every pause (a bounded scalar search). On the
+    example's post page after pauses of 1-40 ms, the first 0.36 ms (reading the request) took 58-63% of the
+    extra, the last 0.7 ms 0-6%: fitted, 0.42 ms (the profile's 1.8 ms of work, spread evenly, had put 20% in
+    the first piece and priced a 0.1 ms step after a 10 ms wait at a fifth of what the spans showed).
+
+    >>> steps = {0.0: [[0.4, 0.2, 0.3, 0.7]] * 5, 20.0: [[0.7, 0.26, 0.33, 0.71]] * 5}
+    >>> round(fit_decay(steps), 2)
+    0.29
+    >>> fit_decay({0.0: [[1.0]], 20.0: [[1.5]]}) is None
+    True
+    """
+    shapes = Counter(len(p) for pieces in steps.values() for p in pieces)
+    if not shapes or 0.0 not in steps:
+        return None
+    n = shapes.most_common(1)[0][0]
+    med = {g: np.median(np.array([p for p in pieces if len(p) == n]), axis=0)
+           for g, pieces in steps.items() if any(len(p) == n for p in pieces)}
+    if n < 2 or 0.0 not in med:
+        return None
+    base = med[0.0]
+    extras = [e for g, m in med.items() if g > 0 and (e := np.maximum(m - base, 0.0)).sum() > 0]
+    if not extras:
+        return None
+    edges = np.concatenate([[0.0], np.cumsum(base)])
+
+    def loss(tau: float) -> float:
+        share = np.exp(-edges[:-1] / tau) - np.exp(-edges[1:] / tau)
+        share /= share.sum()
+        return float(sum(((e - e.sum() * share) ** 2).sum() for e in extras))
+
+    return float(minimize_scalar(loss, bounds=(0.01, max(2 * edges[-1], 0.02)), method="bounded").x)
+
+
+def _steps_ms(req: Request, woke: bool) -> list[float]:
+    """A request's pieces of loop work between its io calls (ms), in order, its reading of the request first
+    where ``woke``; a piece whose io calls overlap counts once, as in :func:`_off_io_ms`."""
+    out = [_before_ms(req)] if woke else []
+    end = req.start_ns
+    for call in sorted(req.ios, key=lambda c: c.start_ns):
+        if call.start_ns >= end:
+            out.append((min(call.start_ns, req.end_ns) - end) / 1e6)
+        end = max(end, call.end_ns)
+    out.append(max(req.end_ns - end, 0) / 1e6)
+    return out
 
 
 def _before_ms(req: Request) -> float:
@@ -266,8 +345,12 @@ def wake_profile(store: Any) -> WakeProfile | None:
     """
     for (resource, labels), levels in _stored_levels(store, WAKE_API).items():
         if 0.0 in levels and len(levels) >= 2:
-            return _stored(store, WAKE_API, resource, labels, levels,
-                           f"wake-up profile {resource} " if resource else "wake-up profile ")
+            profile = _stored(store, WAKE_API, resource, labels, levels,
+                              f"wake-up profile {resource} " if resource else "wake-up profile ")
+            if any(k.api == WAKE_DECAY_API and k.resource == resource and k.labels == labels for k in store.keys()):
+                decay = float(np.median(store.select(WAKE_DECAY_API, resource, dict(labels)).samples_ms))
+                profile = replace(profile, decay_ms=decay, how=f"{profile.how}, decaying by e every {decay:.3g} ms")
+            return profile
     return None
 
 

@@ -79,7 +79,7 @@ from analyzer.profiling import (
     profile_target,
 )
 from analyzer.spans import process_cpu, read_spans
-from analyzer.wakeup import SERVICE_WAKE_API, WAKE_API, add_wake_profiles
+from analyzer.wakeup import SERVICE_WAKE_API, WAKE_API, WAKE_DECAY_API, add_wake_profiles
 from replayer.groundtruth import (
     BLOB_NAME,
     Applied,
@@ -233,7 +233,7 @@ def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: An
         status(f"wake-up profile: {line}")
 
 
-_WAKE_APIS = (WAKE_API, SERVICE_WAKE_API)
+_WAKE_APIS = (WAKE_API, WAKE_DECAY_API, SERVICE_WAKE_API)
 """The apis of the wake-up profiles (the loop's and the services')."""
 
 

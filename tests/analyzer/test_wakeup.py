@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -15,9 +16,11 @@ from analyzer.spans import IoCall, Request
 from analyzer.wakeup import (
     SERVICE_WAKE_API,
     WAKE_API,
+    WAKE_DECAY_API,
     WakeProfile,
     add_wake_profile,
     add_wake_profiles,
+    fit_decay,
     monotone_extra,
     service_profile_for,
     service_wake_profiles,
@@ -39,6 +42,7 @@ def test_profile_reads_the_shift_of_each_gap_and_the_span_of_work(tmp_path: Path
         p = wake_profile(s)
     assert p is not None
     assert p.idle_ms.tolist() == [0.0, 10.0] and p.span_ms == pytest.approx(1.0)
+    assert p.decay_ms == 0.0 and p.tau_ms == pytest.approx(0.5)  # no step data: half the work, an even spread's
     np.testing.assert_allclose([p.at(g, 0.3) for g in (0.0, 5.0, 10.0, 50.0)], [0.0, 0.3, 0.6, 0.6])
     with ProfileStore(tmp_path / "one.db") as s:  # no reference at 0 ms: no profile
         s.add(ProfileKey.make(WAKE_API, "http://app", {}, "idle_ms", 10.0), [1.0, 2.0])
@@ -70,6 +74,15 @@ def test_extra_interpolates_each_quantile_between_measured_gaps() -> None:
     np.testing.assert_allclose([p.at(g, u) for g, u in zip(gaps, us, strict=True)], expected)
 
 
+TAU = 0.5
+"""The decay length of :func:`wake_store`'s profiles: half their 1 ms of work (no decay fitted)."""
+
+
+def paid(work: float) -> float:
+    """The share of what a gap owes that ``work`` ms of loop work after it pays at :data:`TAU`."""
+    return 1.0 - math.exp(-work / TAU)
+
+
 def chain() -> object:
     """io a (1 ms, one Redis round trip) -> c (0.2 ms) -> d (1.5 ms) -> end."""
     return graph("GET /", [io("a", [1.0] * 4), compute("c", [0.2] * 4, [0.2] * 4), compute("d", [1.5] * 4, [1.5] * 4)],
@@ -78,29 +91,34 @@ def chain() -> object:
 
 def test_a_longer_wait_is_charged_the_extra_of_its_gap_beyond_the_recorded_gap(tmp_path: Path) -> None:
     # Recorded, the loop idles 1 ms (the call) before c; with +10 ms, 11 ms. The profile: +0.06 ms per ms of
-    # gap up to 10 ms, +0.6 above, spread over the first 1 ms of work (its requests' latency back to back):
-    # c and d (1.7 ms of work) take it all, 0.6 - 0.06 more than recorded.
+    # gap up to 10 ms, +0.6 above, what is still owed falling by e every 0.5 ms of work: c and d (1.7 ms of
+    # work) pay paid(1.7) of it. The rest is owed into the next request, whose gap is priced with the idle
+    # behind it in that share: as recorded 1 + 1 * L + ... = 1 / (1 - L) ms with L = 1 - paid(1.7) (the first
+    # request 1 ms, at 0.06 ms less than the others' 0.06 / (1 - L)); under the scenario 0.6 whatever.
     with wake_store(tmp_path / "p.db", {10.0: 0.6}) as s:
         (p,) = predict([chain()], "location:redis=+10ms", s, samples=200, rng=rng())
         (plain,) = predict([chain()], "location:redis=+10ms", None, samples=200, rng=rng())
     np.testing.assert_allclose(plain.predicted.samples_ms, 12.7, atol=1e-9)
-    np.testing.assert_allclose(p.predicted.samples_ms, 12.7 + 0.6 - 0.06, atol=1e-9)
+    x = p.predicted.samples_ms
+    assert np.median(x) == pytest.approx(12.7 + 0.6 * paid(1.7) - 0.06, abs=1e-6)
+    assert x.max() <= 12.7 + 0.6 * paid(1.7) - 0.06 * paid(1.7) + 1e-9
     assert any("wake-up" in n for n in p.notes)
 
 
 def test_short_work_after_a_gap_pays_its_share_only(tmp_path: Path) -> None:
-    # a -> c (0.2 ms) -> end: c is 0.2 of the 1 ms the extra is spread over. One user's requests follow each
-    # other on the loop, so the 0.8 of cold work c leaves undone is priced into the next request's gap: as
-    # recorded, gaps of 1 ms add up to 1 / (1 - 0.8) = 5 ms of idle (0.3 ms owed, c pays 0.06); under the
-    # scenario, 11 ms and more (0.6 owed, c pays 0.12). The first requests, before the recorded idle has
-    # added up, are charged up to 0.2 * (0.6 - 0.06).
+    # a -> c (0.2 ms) -> end: c pays paid(0.2) = 33% of what its gap owes. One user's requests follow each other
+    # on the loop, so the share L = 1 - paid(0.2) c leaves owed is priced into the next request's gap: as
+    # recorded, gaps of 1 ms add up to 1 / (1 - L) ms of idle, 0.06 / (1 - L) owed, of which c pays 0.06;
+    # under the scenario, 11 ms and more (0.6 owed). The first requests, before the recorded idle has added up,
+    # are charged up to paid(0.2) * (0.6 - 0.06).
     g = graph("GET /", [io("a", [1.0] * 4), compute("c", [0.2] * 4, [0.2] * 4)],
               [("start", "a"), ("a", "c"), ("c", "end")])
     with wake_store(tmp_path / "p.db", {10.0: 0.6}) as s:
         (p,) = predict([g], "location:redis=+10ms", s, samples=200, rng=rng())
     x = p.predicted.samples_ms
-    assert np.median(x) == pytest.approx(11.2 + 0.2 * 0.6 - 0.2 * 0.3, abs=1e-6)
-    assert x.min() >= 11.26 - 1e-6 and x.max() <= 11.2 + 0.2 * (0.6 - 0.06) + 1e-9
+    assert np.median(x) == pytest.approx(11.2 + 0.6 * paid(0.2) - 0.06, abs=1e-6)
+    assert x.min() >= 11.2 + 0.6 * paid(0.2) - 0.06 - 1e-6
+    assert x.max() <= 11.2 + paid(0.2) * (0.6 - 0.06) + 1e-9
 
 
 def test_scenarios_that_change_no_wait_are_not_charged(tmp_path: Path) -> None:
@@ -112,44 +130,50 @@ def test_scenarios_that_change_no_wait_are_not_charged(tmp_path: Path) -> None:
 
 def test_a_short_gap_does_not_warm_a_loop_still_cold_from_a_long_one(tmp_path: Path) -> None:
     # a (Redis, +10 ms) -> c (0.2) -> b (PostgreSQL 0.5 ms, unchanged) -> d (1.5). Under the scenario c pays
-    # 0.2 of the 11 ms gap's 0.6; the 0.5 ms gap before d is priced with the 0.8 of that gap's cold work left:
-    # 0.5 + 11 * 0.8 = 9.3 ms idle, 0.558 ms, which d pays. As recorded (1 ms gap, then 0.5 + 0.8 = 1.3 ms):
-    # c 0.012, d 0.078. A gap that alone would owe 0.03 ms does not wipe out the cold spell before it.
+    # paid(0.2) of the 11 ms gap's 0.6; the 0.5 ms gap before d is priced with the share L = 1 - paid(0.2) of
+    # that gap's extra still owed: 0.5 + 11.41 * L = 8.145 ms idle (11.41: the 11 ms gap with the idle behind
+    # d's leftover, 1 - paid(1.5) of it: 11 + (0.5 + 11.41 L)(1 - paid(1.5))), 0.4887 ms, of which d pays
+    # paid(1.5). As recorded (1.0603 ms of idle before c, 0.5 + 1.0603 L before d): c 0.02097, d 0.06903.
+    # A gap that alone would owe 0.03 ms does not wipe out the cold spell before it.
     g = graph("GET /", [io("a", [1.0] * 4), compute("c", [0.2] * 4, [0.2] * 4),
                         io("b", [0.5] * 4, system="postgresql", api="postgresql SELECT"),
                         compute("d", [1.5] * 4, [1.5] * 4)],
               [("start", "a"), ("a", "c"), ("c", "b"), ("b", "d"), ("d", "end")])
     with wake_store(tmp_path / "p.db", {10.0: 0.6}) as s:
         (p,) = predict([g], "location:redis=+10ms", s, samples=200, rng=rng())
-    np.testing.assert_allclose(p.predicted.samples_ms, 13.2 + (0.12 - 0.012) + (0.558 - 0.078), atol=1e-9)
+    assert np.median(p.predicted.samples_ms) == pytest.approx(
+        13.2 + (0.6 * paid(0.2) - 0.020973) + (0.48872 * paid(1.5) - 0.069027), abs=2e-5)
 
 
 def test_idle_spells_a_little_work_apart_add_up(tmp_path: Path) -> None:
     # a (Redis) -> c (0.2) -> b (Redis) -> d (1.5), both calls +10 ms; the profile: +0.2 ms after 10 ms idle,
-    # +0.7 after 20. Under the scenario c pays 0.2 of at(11) = 0.25; b's 11 ms gap comes with 0.8 of a's cold
-    # work left: 11 + 11 * 0.8 = 19.8 ms idle, 0.69 ms, all on d (more than its 1 ms span of work). As recorded
-    # (1 ms gaps): c 0.2 * 0.02, d at(1 + 0.8) = 0.036. Priced apart, the two gaps would add 0.25 - 0.02 each.
+    # +0.7 after 20. Under the scenario c's gap is 11.946 ms (with the idle behind d's leftover, as in the test
+    # above), at() = 0.2973, of which c pays paid(0.2); b's 11 ms gap comes with L = 1 - paid(0.2) of it still
+    # owed: 11 + 11.946 L = 19.008 ms idle, 0.6504 ms, of which d pays paid(1.5). As recorded (1 ms gaps:
+    # 1.0860 and 1.7280 ms of idle): c 0.007161, d 0.032839. Priced apart, the two gaps would add 0.22 each.
     g = graph("GET /", [io("a", [1.0] * 4), compute("c", [0.2] * 4, [0.2] * 4), io("b", [1.0] * 4),
                         compute("d", [1.5] * 4, [1.5] * 4)],
               [("start", "a"), ("a", "c"), ("c", "b"), ("b", "d"), ("d", "end")])
     with wake_store(tmp_path / "p.db", {10.0: 0.2, 20.0: 0.7}) as s:
         (p,) = predict([g], "location:redis=+10ms", s, samples=200, rng=rng())
-    np.testing.assert_allclose(p.predicted.samples_ms, 23.7 + (0.05 - 0.004) + (0.69 - 0.036), atol=1e-9)
+    assert np.median(p.predicted.samples_ms) == pytest.approx(
+        23.7 + (0.297313 * paid(0.2) - 0.007161) + (0.650391 * paid(1.5) - 0.032839), abs=2e-5)
 
 
-def test_the_extra_is_spread_over_the_work_it_was_measured_on(tmp_path: Path) -> None:
+def test_the_extra_decays_over_the_work_it_was_measured_on(tmp_path: Path) -> None:
     # The profile times this very route (its resource ends with "GET /"), whose recorded loop work is c's 0.2 ms:
-    # the extra is still spread over the 1 ms the profile measured it on, so c pays 0.2 of it, as for a profile
-    # of anything else (test_short_work_after_a_gap_pays_its_share_only); spread over the route's 0.2 ms, c
-    # would pay it all (0.6 - 0.06 beyond the recording)
+    # what is owed still decays over half the 1 ms the profile measured it on, so c pays paid(0.2) of it, as for
+    # a profile of anything else (test_short_work_after_a_gap_pays_its_share_only); spread over the route's
+    # 0.2 ms, c would pay it all (0.6 - 0.06 beyond the recording)
     g = graph("GET /", [io("a", [1.0] * 4), compute("c", [0.2] * 4, [0.2] * 4)],
               [("start", "a"), ("a", "c"), ("c", "end")])
     with ProfileStore(tmp_path / "p.db") as s:
         for gap, extra in {0.0: 0.0, 10.0: 0.6}.items():
             s.add(ProfileKey.make(WAKE_API, "http://app GET /", {}, "idle_ms", gap), np.full(50, 1.0 + extra))
         (p,) = predict([g], "location:redis=+10ms", s, samples=200, rng=rng())
-    assert np.median(p.predicted.samples_ms) == pytest.approx(11.2 + 0.2 * 0.6 - 0.2 * 0.3, abs=1e-6)
-    assert any("the first 1 ms of loop work (the work the profile's extra was measured on" in n for n in p.notes)
+    assert np.median(p.predicted.samples_ms) == pytest.approx(11.2 + 0.6 * paid(0.2) - 0.06, abs=1e-6)
+    assert any("falling by e every 0.5 ms of it (half the work the profile's extra was measured on" in n
+               for n in p.notes)
 
 
 def _request(trace: str, start: float, end: float, calls: list[tuple[float, float, str]]) -> Request:
@@ -213,6 +237,48 @@ def test_the_loops_profile_holds_its_reading_of_the_request_where_every_request_
         add_wake_profiles(s, "forum GET /post/{id}", {0.0: back, 20.0: paused}, back + paused)
         loop = wake_profile(s)
         assert loop is not None and loop.at(20.0, 0.5) == pytest.approx(0.1, abs=1e-5)
+
+
+def test_the_decay_is_fitted_to_the_steps_of_the_profiled_requests(tmp_path: Path) -> None:
+    # Pieces of loop work (the reading of the request, then between and after the calls): 0.4, 0.3, 0.5 ms back
+    # to back; after 20 ms pauses 0.7, 0.33, 0.51: the first piece took 0.3 of the 0.34 ms extra. An even spread
+    # over the 1.2 ms would give it a third; decaying by e every tau ms, 0.3 / 0.34 needs tau well under 0.4.
+    def page(trace: str, t: float, pieces: tuple[float, float, float]) -> Request:
+        a, b, c = pieces
+        r = _request(trace, t, t + b + c + 2.0, [(t + b, t + b + 1.0, PG_URL), (t + b + 1.0, t + b + 2.0, "blob")])
+        return replace(r, loop_woke_ns=r.start_ns - int(a * 1e6))
+
+    back = [page(f"b{i}", 10.0 * i, (0.4, 0.3, 0.5)) for i in range(4)]
+    paused = [page(f"p{i}", 100.0 + 30.0 * i, (0.7, 0.33, 0.51)) for i in range(4)]
+    with ProfileStore(tmp_path / "p.db") as s:
+        lines = add_wake_profiles(s, "forum GET /post/{id}", {0.0: back, 20.0: paused}, back + paused)
+        loop = wake_profile(s)
+        keys = [k for k in s.keys() if k.api == WAKE_DECAY_API]
+    assert len(keys) == 1 and keys[0].resource == "forum GET /post/{id}"
+    assert loop is not None and 0.05 < loop.decay_ms < 0.3 and loop.tau_ms == loop.decay_ms
+    assert "falls by e every" in lines[0] and "decaying by e every" in loop.how
+    # the fit reproduces the shares: the first piece's, from the model, within a few % of the measured 0.3 / 0.34
+    first = 1 - math.exp(-0.4 / loop.decay_ms)
+    rest = math.exp(-0.4 / loop.decay_ms) - math.exp(-1.2 / loop.decay_ms)
+    assert first / (first + rest) == pytest.approx(0.3 / 0.34, abs=0.03)
+    # nothing to fit: one piece of work, or no pause that slows it
+    assert fit_decay({0.0: [[1.0]] * 3, 20.0: [[1.4]] * 3}) is None
+    assert fit_decay({0.0: [[0.4, 0.5]] * 3, 20.0: [[0.4, 0.5]] * 3}) is None
+    assert fit_decay({20.0: [[0.7, 0.5]] * 3}) is None
+
+
+def test_a_fitted_decay_puts_the_extra_on_the_first_work_after_the_gap(tmp_path: Path) -> None:
+    # test_short_work_after_a_gap_pays_its_share_only with the profile's decay fitted at 0.1 ms: c's 0.2 ms pays
+    # 1 - exp(-2) of what its gap owes, where half the profile's 1 ms (0.5) had it pay paid(0.2).
+    g = graph("GET /", [io("a", [1.0] * 4), compute("c", [0.2] * 4, [0.2] * 4)],
+              [("start", "a"), ("a", "c"), ("c", "end")])
+    with wake_store(tmp_path / "p.db", {10.0: 0.6}) as s:
+        s.add(ProfileKey.make(WAKE_DECAY_API, "http://app"), [0.1])
+        (p,) = predict([g], "location:redis=+10ms", s, samples=200, rng=rng())
+    share = 1 - math.exp(-2.0)
+    assert np.median(p.predicted.samples_ms) == pytest.approx(11.2 + 0.6 * share - 0.06, abs=1e-6)
+    assert share > paid(0.2)
+    assert any("falling by e every 0.1 ms of it (fitted to the profiled requests' steps)" in n for n in p.notes)
 
 
 def service_store(path: Path, resource: str, levels: dict[float, float]) -> ProfileStore:
