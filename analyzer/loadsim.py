@@ -1498,7 +1498,8 @@ class BackgroundDemand:
 
 
 def background_demand(
-    graphs: Sequence[CausalGraph], user_graphs: Sequence[CausalGraph], process_cpu_ms: float
+    graphs: Sequence[CausalGraph], user_graphs: Sequence[CausalGraph], process_cpu_ms: float,
+    mix: Mapping[str, float] | None = None,
 ) -> BackgroundDemand:
     """Split a measured process CPU per user request into what the graphs record and the background rest.
 
@@ -1514,13 +1515,33 @@ def background_demand(
     process_cpu_ms
         The process's CPU per user request that holds its loop (as :func:`calibrate` takes it), measured
         *without* the collector, so that the collector's own CPU is not counted.
+    mix
+        route -> requests (or shares) of the user routes in the run ``process_cpu_ms`` was measured on, when its
+        mix of routes differs from the graphs': the traced work per request is then taken at that mix (each
+        route's per request, weighted by its share; what the other graphs record per user request as it is).
+        The example's light runs asked for 44-60% index pages by round where the recording had 60%, and an index
+        page records eight times a post page's loop work: compared over different mixes, the CPU scale came out
+        23% low in the round of 44% and the loaded pages 18-21 ms low (``docs/accuracy.md``, runs 108-110).
     """
     requests = sum(g.count for g in user_graphs)
     if requests < 1:
         raise ValueError("user_graphs hold no request")
     # the read callbacks (hidden_ms) hold the simulated loop too; measured without the collector at one user
     # and no neighbour, their wall time is the loop's CPU
-    return BackgroundDemand(process_cpu_ms, _recorded_loop_ms(graphs) / requests)
+    traced = _recorded_loop_ms(graphs) / requests
+    counts: dict[str, int] = {}
+    for g in user_graphs:
+        counts[g.route] = counts.get(g.route, 0) + g.count
+    shares = {r: float(w) for r, w in (mix or {}).items() if w > 0 and counts.get(r)}
+    if shares and set(shares) != set(counts):
+        shares = {}  # a route the run did not ask for, or one the graphs lack: the mixes cannot be compared
+    if shares:
+        user_ids = {id(g) for g in user_graphs}
+        others = _recorded_loop_ms([g for g in graphs if id(g) not in user_ids]) / requests
+        total = sum(shares.values())
+        traced = others + sum(w / total * _recorded_loop_ms([g for g in user_graphs if g.route == r]) / counts[r]
+                              for r, w in shares.items())
+    return BackgroundDemand(process_cpu_ms, traced)
 
 
 def _recorded_loop_ms(graphs: Sequence[CausalGraph]) -> float:
@@ -1737,8 +1758,11 @@ def calibrate(
         raise ValueError(f"levels must be (users above {users}, each once; CPU ms > 0; preempted ms >= 0; host "
                          f"CPU ms >= 0 or None), got {list(levels)}")
     user_graphs = [g for g in graphs if g.route in routes]
-    demand = background_demand(graphs, user_graphs, process_cpu_ms + preempted_ms)
-    at_levels = tuple((int(n), background_demand(graphs, user_graphs, x + y)) for n, x, y, _ in sorted(levels))
+    # the light run's own mix of routes (its latencies per route), which its CPU per request was measured over;
+    # its levels ran the same client sequence, so the same mix stands for theirs
+    mix = {r: float(len(without_ms.get(r, ()))) for r in routes}
+    demand = background_demand(graphs, user_graphs, process_cpu_ms + preempted_ms, mix)
+    at_levels = tuple((int(n), background_demand(graphs, user_graphs, x + y, mix)) for n, x, y, _ in sorted(levels))
     if at_levels:
         rows = [{"users": float(users), "cpu_scale": demand.cpu_scale, "background_ms": demand.background_ms}]
         rows += [{"users": float(n), "cpu_scale": d.cpu_scale, "background_ms": d.background_ms} for n, d in at_levels]

@@ -477,6 +477,33 @@ class TestBackgroundDemand:
         assert d.background_ms == pytest.approx(1.0)
         assert background_demand([g], [g], 1.0).background_ms == 0.0  # never negative
 
+    def test_traced_work_is_taken_at_the_mix_the_process_cpu_was_measured_on(self) -> None:
+        # recorded: 30 index pages of 10 ms of loop work and 10 post pages of 2 ms (8 ms per request), and an
+        # in-process service of 0.5 ms per call, 40 calls (0.5 ms per user request, whatever the mix)
+        index = chain("GET /", compute("c", 10.0, count=30), count=30)
+        post = chain("GET /post", compute("c", 2.0, count=10), count=10)
+        svc = chain("GET /blob", compute("s", 0.5, count=40), count=40)
+        users = [index, post]
+        assert background_demand([index, post, svc], users, 6.0).traced_ms == pytest.approx(8.5)
+        # measured over half and half: 0.5 * 10 + 0.5 * 2 + 0.5 = 6.5 per request, so 6 ms is a scale of 6 / 6.5,
+        # where against the recording's mix it would read 6 / 8.5
+        half = background_demand([index, post, svc], users, 6.0, {"GET /": 50, "GET /post": 50})
+        assert half.traced_ms == pytest.approx(6.5) and half.cpu_scale == pytest.approx(6.0 / 6.5)
+        # shares as well as counts; a mix naming a route the graphs lack, or leaving one out, is not comparable
+        assert background_demand(users, users, 6.0, {"GET /": 0.25, "GET /post": 0.75}).traced_ms == pytest.approx(4.0)
+        assert background_demand(users, users, 6.0, {"GET /": 1, "GET /x": 1}).traced_ms == pytest.approx(8.0)
+        assert background_demand(users, users, 6.0, {"GET /": 1}).traced_ms == pytest.approx(8.0)
+
+    def test_calibrate_takes_the_light_runs_own_mix(self) -> None:
+        # the same graphs, the app without the collector at 4.0 ms of CPU per request over a light run of one
+        # index page in four: the recorded work at that mix is 0.25 * 10 + 0.75 * 2 = 4.0, a scale of 1
+        index = chain("GET /", compute("c", 10.0, count=30), count=30)
+        post = chain("GET /post", compute("c", 2.0, count=10), count=10)
+        _, calibration = calibrate([index, post], ["GET /", "GET /post"], 4.0,
+                                   {"GET /": [11.0] * 5, "GET /post": [3.0] * 15}, samples=200)
+        assert calibration.demand.traced_ms == pytest.approx(4.0)
+        assert calibration.demand.cpu_scale == pytest.approx(1.0)
+
     def test_kept_through_json(self, tmp_path: Path) -> None:
         graphs = with_background([chain("GET /", io("a", 1.0))], 1.5)
         dump_graphs(graphs, tmp_path / "g.json")
