@@ -1520,8 +1520,9 @@ def background_demand(
         mix of routes differs from the graphs': the traced work per request is then taken at that mix (each
         route's per request, weighted by its share; what the other graphs record per user request as it is).
         The example's light runs asked for 44-60% index pages by round where the recording had 60%, and an index
-        page records eight times a post page's loop work: compared over different mixes, the CPU scale came out
-        23% low in the round of 44% and the loaded pages 18-21 ms low (``docs/accuracy.md``, runs 108-110).
+        page records eight to ten times a post page's loop work: compared over different mixes, the CPU scale
+        came out 23% low in the round of 44% and the loaded pages 18-21 ms low (``docs/accuracy.md``, runs
+        108-110).
     """
     requests = sum(g.count for g in user_graphs)
     if requests < 1:
