@@ -52,8 +52,8 @@ resource's idle adds beyond what the same call's recorded idle did.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -192,12 +192,13 @@ def add_wake_profiles(
     54 and 55). The app's own part of it, the loop's work before the span, is measured on its own.
     """
     woke = all(r.loop_woke_ns is not None for rs in measured.values() for r in rs)
-    loop = {g: [_off_io_ms(r) + (_before_ms(r) if woke else 0.0) for r in rs] for g, rs in measured.items()}
+    steps = {g: [_steps_ms(r, woke) for r in rs] for g, rs in measured.items()}
+    loop = {g: [sum(p) for p in pieces] for g, pieces in steps.items()}
     add_wake_profile(store, name, loop, note=note)
     held = "without its io calls, with its reading of the request" if woke else "without its io calls"
     lines = [f"loop ({name}, {held}): " + ", ".join(
         f"{np.median(x):.3f} ms at {g:g}" for g, x in sorted(loop.items()) if x)]
-    decay = fit_decay({g: [_steps_ms(r, woke) for r in rs] for g, rs in measured.items()})
+    decay = fit_decay(steps)
     if decay is not None:
         store.add(ProfileKey.make(WAKE_DECAY_API, name), [decay], note=note)
         lines[0] += f"; what is still owed falls by e every {decay:.3g} ms of work after the pause"
@@ -282,12 +283,13 @@ def fit_decay(steps: Mapping[float, Sequence[Sequence[float]]]) -> float | None:
 
 def _steps_ms(req: Request, woke: bool) -> list[float]:
     """A request's pieces of loop work between its io calls (ms), in order, its reading of the request first
-    where ``woke``; a piece whose io calls overlap counts once, as in :func:`_off_io_ms`."""
+    where ``woke``: its span's time outside the union of its calls' spans, one piece per gap of that union (a
+    call that starts once the request has answered, a spawned task's, leaves pieces of 0)."""
     out = [_before_ms(req)] if woke else []
     end = req.start_ns
     for call in sorted(req.ios, key=lambda c: c.start_ns):
         if call.start_ns >= end:
-            out.append((min(call.start_ns, req.end_ns) - end) / 1e6)
+            out.append(max(min(call.start_ns, req.end_ns) - end, 0) / 1e6)
         end = max(end, call.end_ns)
     out.append(max(req.end_ns - end, 0) / 1e6)
     return out
@@ -298,17 +300,6 @@ def _before_ms(req: Request) -> float:
     that could block (``Request.loop_woke_ns``) to the span's start, reading and parsing the request; 0 when not
     recorded."""
     return max(req.start_ns - req.loop_woke_ns, 0) / 1e6 if req.loop_woke_ns is not None else 0.0
-
-
-def _off_io_ms(req: Request) -> float:
-    """A request's latency (ms) less the time one of its io calls was in flight (the union of their spans)."""
-    busy, end = 0, req.start_ns
-    for call in sorted(req.ios, key=lambda c: c.start_ns):
-        lo, hi = max(call.start_ns, end, req.start_ns), min(call.end_ns, req.end_ns)
-        if hi > lo:
-            busy += hi - lo
-        end = max(end, call.end_ns)
-    return max(req.end_ns - req.start_ns - busy, 0) / 1e6
 
 
 def service_wake_profiles(store: Any) -> dict[str, WakeProfile]:
