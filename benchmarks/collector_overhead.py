@@ -47,7 +47,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -65,6 +64,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from examples.forum.load import run_load_subprocess
+from replayer.groundtruth import reachable
 
 REDIS_URL = os.environ.get("PERFCAST_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get("PERFCAST_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -315,18 +315,10 @@ def _print_measurement(m: Measurement) -> None:
 # --- dependencies --------------------------------------------------------------------------------------------
 
 
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
 def _start_dependencies(backend: str) -> tuple[list[str], list[_Process], str]:
     """App arguments for the chosen backend, the processes started for it, and a description."""
     if backend == "auto":
-        backend = "services" if _reachable("127.0.0.1", 6379) and _reachable("127.0.0.1", 5432) else "embedded"
+        backend = "services" if reachable("127.0.0.1", 6379) and reachable("127.0.0.1", 5432) else "embedded"
     if backend == "embedded":
         return [], [], "embedded (SQLite file, blob/cache/ad/replica services on a thread of the app)"
     blobs = [_Process([sys.executable, "-m", "examples.forum.blobs", "--port", "0"]) for _ in range(3)]

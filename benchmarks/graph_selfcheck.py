@@ -25,7 +25,6 @@ import dataclasses
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,19 +44,12 @@ from analyzer.graph import CausalGraph, NodeKind, WaitMode, evaluate
 from analyzer.selfcheck import CheckSummary, self_check
 from analyzer.spans import read_spans
 from examples.forum.load import run_load_subprocess
+from replayer.groundtruth import reachable
 
 REDIS_URL = os.environ.get("PERFCAST_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get("PERFCAST_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 _LISTENING = re.compile(r"listening on (http://\S+)")
 PATHS = ("/?page={n}", "/post/{n}")
-
-
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
 
 
 def collect(spans: Path, app_args: list[str], users: int, duration_s: float, think_ms: float) -> int:
@@ -169,7 +161,7 @@ def main() -> None:
     ns = p.parse_args()
     configs = [("embedded (SQLite, in-process blob/cache service)", [])]
     if not ns.no_real:
-        if _reachable("127.0.0.1", 6379) and _reachable("127.0.0.1", 5432):
+        if reachable("127.0.0.1", 6379) and reachable("127.0.0.1", 5432):
             configs.append(("real Redis + PostgreSQL", ["--redis", REDIS_URL, "--postgres", POSTGRES_URL]))
         else:
             print("Redis or PostgreSQL not reachable on 127.0.0.1: embedded configuration only")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import sys
 import tempfile
 import time
@@ -37,21 +36,15 @@ from analyzer.graph import CausalGraph, NodeKind
 from analyzer.loadsim import _pool_waits
 from analyzer.predict import predict
 from analyzer.spans import Request, read_spans
-from replayer.groundtruth import ForumSetup, GroundTruth, measure, measured_requests
+from replayer.groundtruth import ForumSetup, GroundTruth, measure, measured_requests, reachable
 
 RESULTS = Path(__file__).with_name("results")
 ROUTES = ("GET /", "GET /post/{id}")
 REDIS_URL = "redis://127.0.0.1:6379/13"
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
-_NUMBER = r"[\d.]+(?:e[+-]?\d+)?"  # the note prints 3 significant digits: 1154 ms is "1.15e+03"
+_NUMBER = r"[\d.]+(?:e[+-]?\d+)?"  # 3 significant digits, whole from 1000 ms on (e-notation in older notes)
 _QUEUEING = re.compile(rf"(GET [^ ]+) \(mean {_NUMBER} ms\) ({_NUMBER}) ms for the loop"
                        rf"(?:, ({_NUMBER}) ms for a pooled connection)?")
-
-
-def _reachable(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _requests(truth: GroundTruth) -> list[Request]:

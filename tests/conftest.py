@@ -7,24 +7,17 @@ missing service is a failure: CI must never pass by skipping the I/O tests.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
+
+from replayer.groundtruth import reachable
 
 REDIS_URL = os.environ.get("PERFCAST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get("PERFCAST_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
 def _require(name: str, host: str, port: int) -> None:
-    if _reachable(host, port):
+    if reachable(host, port):
         return
     reason = f"{name} is not reachable on {host}:{port}"
     if os.environ.get("CI") == "true":
