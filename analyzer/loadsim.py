@@ -70,7 +70,11 @@ on which the compute segments of *all* concurrent requests run one at a time. So
   post page came out 0.1 ms, 5%, slower than recorded after an index page, whose view counter's Redis call
   ends during the next request; exact alone);
 - recorded durations can be calibrated to the app without the collector (``meta.cpu_scale`` for CPU,
-  ``meta.wait_scale`` for the rest: :func:`with_background`).
+  ``meta.wait_scale`` for the rest: :func:`with_background`);
+- every idle gap of the simulated loop adds to the loop work after it what a wake-up costs by itself
+  (``meta.wake_cost_ms``, fitted to the loop's demand measured at a few users: :func:`fit_wake_cost`) and what
+  the idle adds beyond it (the store's wake-up profile), less what the same work's gaps cost as recorded: a
+  busier loop sleeps less and pays less per request.
 
 The first ``2 N`` completions are discarded (the start-up transient of users that all start at t = 0).
 Checks with answers by hand are in the tests: N users of pure compute ``d`` see ``N d``; pure io is unchanged;
@@ -114,8 +118,10 @@ if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
 __all__ = ["BACKGROUND_KEY", "CLIENT_KEY", "CPU_SCALE_KEY", "HOST_CPUS_KEY", "HOST_CPU_KEY", "LEVELS_KEY",
-           "OTHERS_KEY", "WAIT_SCALE_KEY", "BackgroundDemand", "Calibration", "Queueing", "Workload",
+           "OTHERS_KEY", "WAIT_SCALE_KEY", "WAKE_COST_KEY", "BackgroundDemand", "Calibration", "MeasuredLevels",
+           "Queueing", "Workload",
            "as_recorded", "at_recorded_load", "background_demand", "background_from_spans", "calibrate", "fit_wait_scale",
+           "fit_wake_cost", "with_wake_cost",
            "simulate", "simulate_scenario", "with_background"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -207,6 +213,12 @@ class Queueing:
     def loop_busy(self) -> float:
         """The loops' utilisation over the measured span (0..1)."""
         return self.busy_ms / (self.span_ms * self.servers) if self.span_ms > 0 else 0.0
+
+    @property
+    def loop_ms_per_request(self) -> float:
+        """The loops' busy time per user request reported (0 without one)."""
+        n = sum(self.requests)
+        return self.busy_ms / n if n else 0.0
 
     @property
     def core_busy(self) -> float:
@@ -628,8 +640,11 @@ def simulate_scenario(
     samples: int,
     rng: np.random.Generator,
     recorded: Sequence[NodeDurations] | None = None,
+    queueing: Queueing | None = None,
 ) -> tuple[list[FloatArray], list[str]]:
     """Simulate a scenario with load and/or failure changes: per graph latencies, and notes saying how.
+
+    ``queueing``, when given, is filled by the scenario's simulation (:class:`Queueing`).
 
     ``models`` are the graphs' node durations under the scenario's other changes (:func:`node_durations`);
     ``recorded`` the same requests' durations with none of them, as the simulation takes the recording: given,
@@ -664,16 +679,20 @@ def simulate_scenario(
                       "where it pays fewer wake-ups")] if measured and profile is not None else []
     profile = None if measured else profile
     services = service_wake_profiles(store) if store is not None and gaps_change else {}
+    # what a wake-up itself costs the loop, fitted to its demand measured at more users (with_wake_cost)
+    fixed = 0.0 if measured or not gaps_change else max(
+        (_positive_meta(g, WAKE_COST_KEY) or 0.0 for g in graphs), default=0.0)
     neighbour, how = _neighbour(scenario, store)
     as_change = recorded is not None and at_recorded_load(scenario, graphs)
-    if profile is None and not services and not as_change:
-        latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, neighbour=neighbour)
+    if profile is None and fixed == 0.0 and not services and not as_change:
+        latencies, notes = _simulate_once(graphs, models, scenario, store, samples, rng, neighbour=neighbour,
+                                          queueing=queueing)
         return latencies, notes + measured_note + how
-    spread = "" if profile is None else (
+    spread = "the first loop work after them" if profile is None else (
         f"the loop work after them, what is still owed falling by e every {profile.tau_ms:.2g} ms of it ("
         + ("fitted to the profiled requests' steps" if profile.decay_ms > 0 else
            "half the work the profile's extra was measured on: its requests' median back to back") + ")")
-    cost = _WakeCost(profile, spread, int(rng.integers(2**62)), services)
+    cost = _WakeCost(profile, spread, int(rng.integers(2**62)), services, fixed_ms=fixed)
     # Both passes draw the same sequence of requests (at one user, the same one after the other), so that a
     # piece of work is charged beyond what the same piece was charged after the same predecessor: with
     # sequences of their own, the idle before a post page (after an index page's leftovers, or not) differed
@@ -692,7 +711,7 @@ def simulate_scenario(
                              fitted_cut=fitted)
     latencies, notes = _simulate_once(graphs, models, scenario, store, samples, np.random.default_rng(seed),
                                       cost.cost(recording=False), cost.service_cost(recording=False), neighbour,
-                                      columns=cols_s, fitted_cut=fitted)
+                                      columns=cols_s, fitted_cut=fitted, queueing=queueing)
     notes += cost.describe() + measured_note + how
     if as_change:
         latencies, note = _as_change(models, base, latencies, cols_0, cols_s)
@@ -858,8 +877,9 @@ class _WakeCost:
     _MASK = (1 << 64) - 1
 
     def __init__(self, profile: WakeProfile | None, spread: str, salt: int,
-                 services: Mapping[str, WakeProfile] | None = None) -> None:
+                 services: Mapping[str, WakeProfile] | None = None, *, fixed_ms: float = 0.0) -> None:
         self.profile = profile
+        self.fixed_ms = fixed_ms
         self.spread = spread
         self.salt = salt
         self.services = dict(services or {})
@@ -916,10 +936,10 @@ class _WakeCost:
     def cost(self, *, recording: bool) -> Wake | None:
         """One pass's callback for :func:`simulate` (its own warm-up state per loop), or None without a profile
         of the loop."""
-        if self.profile is None:
+        if self.profile is None and self.fixed_ms <= 0:
             return None
-        profile = self.profile
-        tau = profile.tau_ms
+        profile, fixed = self.profile, self.fixed_ms
+        tau = profile.tau_ms if profile is not None else 0.0
         # server -> [extra still owed (ms), owed when the loop woke (ms), idle behind the cold spell (ms)]
         cold: dict[int, list[float]] = {}
 
@@ -931,10 +951,12 @@ class _WakeCost:
                 # the profile gives +0.2 for 10 ms and +0.7 for 20). The idle of the spell before still counts
                 # in the share of its extra not yet paid.
                 idle = gap + (state[2] * state[0] / state[1] if state[1] > 0 else 0.0)
-                owed = max(profile.at(idle, self._u(k, j, col, site)), state[0])
+                # a wake-up's own cost (the sleep in select(), the switch back) beside what the idle adds
+                cooled = profile.at(idle, self._u(k, j, col, site)) if profile is not None else 0.0
+                owed = max(fixed + cooled, state[0])
                 state[0], state[1], state[2] = owed, owed, idle
             # the first work after a wake-up is the slowest: each ms of it pays 1/tau of what is still owed
-            part = state[0] * -math.expm1(-d / tau) if d > 0 else 0.0
+            part = (state[0] * -math.expm1(-d / tau) if tau > 0 else state[0]) if d > 0 else 0.0
             state[0] -= part
             extra = self._beyond((k, j, col, site), part, recording)
             if not recording and extra != 0.0:
@@ -946,10 +968,14 @@ class _WakeCost:
 
     def describe(self) -> list[str]:
         out = []
-        if self.profile is not None:
-            out.append(f"wake-up: what the loop's idle gaps add to {self.spread}, from the "
-                       f"{self.profile.how}, beyond what the same work's gaps as recorded cost ({self.charged} "
-                       f"pieces of work, {self.total_ms / max(self.charged, 1):+.3f} ms each on average)")
+        if self.profile is not None or self.fixed_ms > 0:
+            what = [f"the {self.profile.how}"] if self.profile is not None else []
+            if self.fixed_ms > 0:
+                what.append(f"{self.fixed_ms:.3g} ms of loop work per wake-up itself (fitted to the loop's demand "
+                            "measured at a few loads)")
+            out.append(f"wake-up: what the loop's idle gaps add to {self.spread}, from {' and '.join(what)}, beyond "
+                       f"what the same work's gaps as recorded cost ({self.charged} pieces of work, "
+                       f"{self.total_ms / max(self.charged, 1):+.3f} ms each on average)")
         for resource, p in sorted(self.resolved.items()):
             if p is not None:
                 out.append(f"service wake-up: what {resource}'s idle before a call adds to it, from the {p.how}, "
@@ -972,9 +998,10 @@ def _simulate_once(
     neighbour: Neighbour | None = None,
     columns: list[list[int]] | None = None,
     fitted_cut: bool | None = None,
+    queueing: Queueing | None = None,
 ) -> tuple[list[FloatArray], list[str]]:
     """:func:`simulate_scenario`'s one pass; ``wake`` as for :func:`simulate`, ``service_wake`` too but told the
-    resource's name where :func:`simulate`'s is told its group."""
+    resource's name where :func:`simulate`'s is told its group; ``queueing`` filled where given."""
     load = scenario.load or Load(1)
     failures = [c for c in scenario.changes if isinstance(c, Failure)]
     alive_fronts, notes = _front_ends(scenario)
@@ -1065,8 +1092,12 @@ def _simulate_once(
                 loop_cpu_nodes += 1
             ready = node.extra.get("ready_ms")
             if scale is not None and node.kind is NodeKind.IO:
-                # calibrated: the call's CPU is the process's own share only (the collector's cost taken out)
-                durations[j] = np.maximum(durations[j] - (1.0 - scale) * (cpu_before[j] + cpu_after[j]), 0.0)
+                # calibrated: the call's CPU is the process's own share only (the collector's cost taken out), and
+                # so is the loop's work in its wait (hidden_ms, which the CPU scale was measured against too)
+                held = cpu_before[j] + cpu_after[j]
+                if isinstance(unheld, list) and len(unheld) == model.base.shape[1]:
+                    held = held + np.asarray(unheld, dtype=np.float64)[model.idx]
+                durations[j] = np.maximum(durations[j] - (1.0 - scale) * held, 0.0)
                 cpu_before[j] *= scale
                 cpu_after[j] *= scale
             if (scale is not None and node.kind is NodeKind.COMPUTE
@@ -1202,7 +1233,8 @@ def _simulate_once(
     notes += curves.describe()
     user_routes = len({g.route for g, w in zip(graphs, weights, strict=True) if w > 0})
     loaded = load.users > 1 or bool(failures)
-    queueing = Queueing() if loaded else None
+    if queueing is None and loaded:
+        queueing = Queueing()
     latencies = simulate(
         workloads, users, samples * max(user_routes, 1), rng, think_ms=load.think_ms,
         pool_sizes=[limit for _, limit in load.pools], scale=group_scale,
@@ -1238,19 +1270,28 @@ def _queueing_note(graphs: Sequence[CausalGraph], latencies: Sequence[FloatArray
         n = sum(queueing.requests[k] for k in ks)
         mean = float(np.mean(np.concatenate([latencies[k] for k in ks])))
         loop = sum(queueing.loop_wait_ms[k] for k in ks) / n
-        text = f"{route} (mean {mean:.3g} ms) {loop:.3g} ms for the loop"
+        text = f"{route} (mean {_ms(mean)} ms) {_ms(loop)} ms for the loop"
         calls = sum(queueing.pool_calls[k] * queueing.requests[k] for k in ks) / n
         if pooled and calls > 0:
-            text += (f", {sum(queueing.pool_wait_ms[k] for k in ks) / n:.3g} ms for a pooled connection over "
+            text += (f", {_ms(sum(queueing.pool_wait_ms[k] for k in ks) / n)} ms for a pooled connection over "
                      f"{calls:.3g} call{'s' if calls != 1 else ''}")
         core = sum(queueing.core_wait_ms[k] for k in ks) / n if queueing.core_wait_ms else 0.0
         if core > 0:
-            text += f", {core:.3g} ms for a host core (its calls' backends)"
+            text += f", {_ms(core)} ms for a host core (its calls' backends)"
         parts.append(text)
     if not parts:
         return []
     return [f"queueing per request, summed over its steps and calls (parallel ones each counted): "
             f"{'; '.join(parts)}; the loop {queueing.loop_busy:.0%} busy"]
+
+
+def _ms(value: float) -> str:
+    """Milliseconds to three significant digits, whole from 1000 on (``1154``, not ``1.15e+03``).
+
+    >>> _ms(0.04567), _ms(61.94), _ms(1154.4)
+    ('0.0457', '61.9', '1154')
+    """
+    return f"{value:.0f}" if abs(value) >= 999.5 else f"{value:.3g}"
 
 
 def _host_note(graphs: Sequence[CausalGraph], latencies: Sequence[FloatArray], user_routes: Sequence[bool],
@@ -1432,6 +1473,10 @@ def _scaled_wait(node: Node, nested: int) -> bool:
 CPU_SCALE_KEY = "cpu_scale"
 """Graph ``meta`` key: the factor that turns recorded on-loop CPU into the CPU of the app without the collector
 (``min(1, process / traced)``); when present, compute nodes hold the loop for ``cpu_ms`` x it."""
+
+WAKE_COST_KEY = "wake_cost_ms"
+"""Graph ``meta`` key: the loop work (ms) a wake-up of the loop costs by itself, beside what the idle before it
+adds (the wake-up profile's extra): :func:`fit_wake_cost`, written by :func:`calibrate` given ``wakeups``."""
 
 CLIENT_KEY = "client_ms"
 """Graph ``meta`` key: time (ms) per request outside the server span that the latency the prediction is compared
@@ -1789,6 +1834,92 @@ def calibrate(
     overall = sum(by_route[r] * counts[r] for r in by_route) / max(sum(counts.values()), 1)
     out = [with_background([g], demand, wait_scale=by_route.get(g.route, overall))[0] for g in graphs]
     return out, Calibration(demand, overall, by_route, at_levels)
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredLevels:
+    """One light run's graphs, calibrated (:func:`calibrate`), and the loop's demand measured beside it at a few
+    more users per loop: what :func:`fit_wake_cost` fits to."""
+
+    graphs: Sequence[CausalGraph]
+    levels: Sequence[tuple[int, float]]
+    """(users per loop, the loop's demand per request there: CPU and preempted time, as
+    ``replayer.groundtruth.pooled_levels`` gives them)."""
+    mix: Mapping[str, float]
+    """route -> the share of the user routes in those runs."""
+
+
+def fit_wake_cost(
+    runs: Sequence[MeasuredLevels],
+    store: SupportsSelect | None = None,
+    *,
+    samples: int = 1000,
+    seed: int = 0,
+    probe_ms: float = 0.2,
+) -> float:
+    """The loop work a wake-up of the loop costs by itself (:data:`WAKE_COST_KEY`), fitted so that the
+    simulation's loop demand per request at each measured level matches the level's.
+
+    An asyncio loop with nothing to do sleeps in ``select()``; waking costs it the system call, the switch back
+    and a cold cache, paid by the work after it, and a busier loop sleeps less often. The wake-up profile
+    (:mod:`analyzer.wakeup`) prices how much longer idles add, measured against requests back to back, which
+    still sleep between their calls: what a wake-up costs at all, which a loop that no longer sleeps saves, it
+    cannot see. On the example at one user the loop slept 8-10 times a request, at 16 users 2.3-2.5 times, and
+    its CPU per request, at the same mix of pages, fell 11% from one user to four; from one user's demand the
+    simulation held the loop 10-18% longer per request at 16 users than measured (``docs/accuracy.md``, run
+    112). The measured levels are MVASD's load-dependent demand [1]_; here they calibrate one constant of the
+    simulation, which then says how often the loop sleeps at any load itself.
+
+    ``runs`` are fitted together (least squares over every level of every run): the cost belongs to the app on
+    its host, and a level's demand, over a short run, is noisy. ``store`` holds the profiles (the wake-up
+    profile's decay spreads the cost too). Simulated at no cost and at ``probe_ms``, each level's demand is taken
+    as linear in the cost between them and in a third simulation at the least-squares solution; the result is
+    at least 0.
+
+    .. [1] A. Kattepur, M. Nambiar, "Performance Modeling of Multi-tiered Web Applications with Varying Service
+       Demands", IPDPS Workshops, 2015: section VI (service demands varying with the load).
+    """
+    from analyzer.predict import predict  # the engine runs the simulation; it imports this module
+
+    points = [(run, int(n), float(ms)) for run in runs for n, ms in run.levels if n > 1]
+    if not points:
+        raise ValueError("fit_wake_cost needs a measured level above one user per loop")
+    if not probe_ms > 0:
+        raise ValueError(f"probe_ms must be positive, got {probe_ms}")
+
+    def demand_at(cost: float, run: MeasuredLevels, users: int) -> float:
+        query = "&".join(f"mix.{route}={share:g}" for route, share in run.mix.items() if share > 0)
+        queueing = Queueing()
+        predict(with_wake_cost(run.graphs, cost), f"load:{users}" + (f"?{query}" if query else ""), store, samples,
+                np.random.default_rng(seed), queueing=queueing)
+        return queueing.loop_ms_per_request
+
+    def simulated(cost: float) -> tuple[float, list[float]]:
+        return cost, [demand_at(cost, run, n) for run, n, _ in points]
+
+    def solve(a: tuple[float, list[float]], b: tuple[float, list[float]]) -> float:
+        (x0, y0), (x1, y1) = a, b
+        slopes = [(v1 - v0) / (x1 - x0) for v0, v1 in zip(y0, y1, strict=True)]
+        norm = sum(k * k for k in slopes)
+        if norm <= 0:
+            return x0
+        # least squares over the levels of y0 + slope (x - x0) = measured
+        return max(x0 + sum(k * (ms - v) for k, v, (_, _, ms) in zip(slopes, y0, points, strict=True)) / norm, 0.0)
+
+    zero, probe = simulated(0.0), simulated(probe_ms)
+    first = solve(zero, probe)
+    if first == 0.0:
+        return first
+    return solve(zero if first < probe_ms / 2 else probe, simulated(first))
+
+
+def with_wake_cost(graphs: Sequence[CausalGraph], cost_ms: float) -> list[CausalGraph]:
+    """Copies of ``graphs`` whose ``meta`` carries what a wake-up of the loop costs (``WAKE_COST_KEY``, from
+    :func:`fit_wake_cost`), which a load prediction then charges for every idle gap of its loop beyond the
+    recording's."""
+    if not (cost_ms >= 0 and math.isfinite(cost_ms)):
+        raise ValueError(f"cost_ms must be finite and non-negative, got {cost_ms}")
+    return [_with_meta(g, {WAKE_COST_KEY: float(cost_ms)}) for g in graphs]
 
 
 def _background(

@@ -57,7 +57,7 @@ from analyzer.distribution import (
 from analyzer.errors import GraphError, ProfileError, ScenarioError
 from analyzer.graph import CausalGraph, Node, NodeKind
 from analyzer.interference import cpu_slowdown, stretch_profile
-from analyzer.loadsim import WAIT_SCALE_KEY
+from analyzer.loadsim import WAIT_SCALE_KEY, Queueing
 from analyzer.scenario import (
     Failure,
     Interference,
@@ -194,6 +194,8 @@ def predict(
     store: SupportsSelect | None = None,
     samples: int = 10_000,
     rng: np.random.Generator | None = None,
+    *,
+    queueing: Queueing | None = None,
 ) -> list[Prediction]:
     """Predict each route's latency distribution under ``scenario``.
 
@@ -210,6 +212,9 @@ def predict(
         Monte Carlo samples per route (simulated requests under load).
     rng
         Source of randomness; pass ``np.random.default_rng(seed)`` to reproduce a prediction.
+    queueing
+        Filled, where the scenario is simulated (load, failure, wake-ups), with where its requests waited and
+        how busy its loops were (:class:`~analyzer.loadsim.Queueing`).
 
     Raises
     ------
@@ -272,7 +277,7 @@ def predict(
                                     idx=models[id(g)].idx) for g in graphs]
                     if at_recorded_load(scenario, graphs) else None)
         latencies, sim_notes = simulate_scenario(graphs, [models[id(g)] for g in graphs], scenario, store, samples,
-                                                 rng, recorded)
+                                                 rng, recorded, queueing)
         notes += sim_notes
         predicted = {id(g): lat for g, lat in zip(graphs, latencies, strict=True)}
     else:

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                                ("--samples", ns.samples, 1)):
         if value < least:
             p.error(f"{name} must be at least {least}, got {value}")
-    if not (_reachable(6379) and _reachable(5432)):
+    if not (reachable("127.0.0.1", 6379) and reachable("127.0.0.1", 5432)):
         print("load_mechanics: needs Redis on 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432", file=sys.stderr)
         return 2
     setup = ForumSetup(redis_url=REDIS_URL, postgres_url=POSTGRES_URL, app_args=("--cache-ttl-ms", "0"))

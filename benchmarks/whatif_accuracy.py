@@ -53,7 +53,6 @@ import argparse
 import functools
 import json
 import pickle
-import socket
 import sys
 import tempfile
 import time
@@ -68,7 +67,14 @@ from analyzer.accuracy import Repeatability, cdf_deviation, repeatability
 from analyzer.build import build_graphs
 from analyzer.errors import AnalyzerError
 from analyzer.graph import dump_graphs
-from analyzer.loadsim import background_from_spans, calibrate, with_background
+from analyzer.loadsim import (
+    MeasuredLevels,
+    background_from_spans,
+    calibrate,
+    fit_wake_cost,
+    with_background,
+    with_wake_cost,
+)
 from analyzer.predict import predict
 from analyzer.profiles import RTT_API, ProfileKey, ProfileStore
 from analyzer.profiling import (
@@ -98,6 +104,7 @@ from replayer.groundtruth import (
     measured_requests,
     pooled_host,
     pooled_light,
+    reachable,
 )
 
 RESULTS = Path(__file__).with_name("results")
@@ -106,6 +113,8 @@ LOAD_LEVELS = (4, 2)
 4 and 8; a failure leaving 8 on a loop: 2 and 4)."""
 LOAD_REQUESTS_PER_USER = 25
 """Measured requests per user and round of a scenario with N users (at least ``--requests / --rounds``)."""
+WAKE_FIT_SAMPLES = 600
+"""Simulated requests per level and step of fitting what a wake-up costs (about 10 s a round of a case)."""
 REDIS_URL = "redis://127.0.0.1:6379/13"
 """Database 13: the page-cache keys of other forum apps on the same server (database 0) stay out of ours."""
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -128,12 +137,6 @@ class Case:
     selector: str = ""
     """location cases: the resource, also predicted as ``location:SELECTOR=NAME`` from RTT profiles measured
     through the proxy at 0 ms and at the added delay (what the proxy really adds, scheduling included)."""
-
-
-def _reachable(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _cases(setup: ForumSetup, users: int, big: int) -> list[Case]:
@@ -344,22 +347,42 @@ def _calibrated(graphs: list[Any], lights: list[GroundTruth], bases: list[Ground
 
 
 def _predict_by_round(spec: str, bases: list[GroundTruth], lights: list[GroundTruth], store: ProfileStore,
-                      samples: int, rng: np.random.Generator, status: Any) -> list[Any]:
+                      samples: int, rng: np.random.Generator, status: Any, how: str) -> list[Any]:
     """Calibrated cases: each round predicted from its own baseline and light run; the rounds pooled.
 
     A round's baseline, light run and loaded run follow each other within a minute, while this machine's speed
     drifts by 40% between rounds (the app's CPU per request at light load, without the collector, went from
     6.3 to 9.0 ms between two runs of the benchmark). Each round's prediction is therefore made from that
     round's inputs, and the rounds' predictions are pooled in equal parts, as their measurements are.
+
+    ``how`` the loop's demand under load is priced: ``"wake"`` from the one-user run, with what a wake-up costs
+    fitted to the demand measured at every round's levels (:func:`analyzer.loadsim.fit_wake_cost`; without
+    levels, as ``"one user"``); ``"one user"`` from it alone; ``"levels"`` interpolated between the levels.
     """
     from analyzer.distribution import Distribution
 
-    by_route: dict[str, list[Any]] = {}
+    rounds: list[tuple[list[Any], str]] = []
+    measured: list[MeasuredLevels] = []
     for k, (base, light) in enumerate(zip(bases, lights, strict=True)):
         problems: list[str] = []
         graphs = [g for g in build_graphs(_window_requests(base), problems=problems) if g.route in ROUTES]
-        graphs, calibration = _calibrated(graphs, [light], [base])
-        status(f"round {k + 1}: {calibration}" + (f" ({len(problems)} left out: {problems[0]})" if problems else ""))
+        graphs, calibration = _calibrated(graphs, [light if how == "levels" else replace(light, levels=())], [base])
+        rounds.append((graphs, f"round {k + 1}: {calibration}"
+                       + (f" ({len(problems)} left out: {problems[0]})" if problems else "")))
+        levels = pooled_levels([light])
+        if how == "wake" and levels:
+            _, _, without = pooled_light([light])
+            measured.append(MeasuredLevels(graphs, [(n, cpu + preempted) for n, cpu, preempted, _ in levels],
+                                           {r: float(len(without.get(r, []))) for r in ROUTES}))
+    if measured:
+        # one cost for the app on this machine, fitted to every round's levels together
+        cost = fit_wake_cost(measured, store, samples=WAKE_FIT_SAMPLES)
+        rounds = [(with_wake_cost(graphs, cost), text) for graphs, text in rounds]
+        status(f"a wake-up costs {cost:.3f} ms (fitted to the loop's demand at " + "; ".join(
+            ", ".join(f"{n} users {ms:.2f} ms" for n, ms in m.levels) for m in measured) + ")")
+    by_route: dict[str, list[Any]] = {}
+    for graphs, text in rounds:
+        status(text)
         for p in predict(graphs, spec, store, max(samples // len(bases), 1), rng):
             by_route.setdefault(p.route, []).append(p)
     return [replace(ps[0], predicted=Distribution.of(np.concatenate([p.predicted.samples_ms for p in ps])),
@@ -432,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(width=max(Console().width, 132))
     began = time.monotonic()
-    use_real = not ns.embedded and _reachable(6379) and _reachable(5432)
+    use_real = not ns.embedded and reachable("127.0.0.1", 6379) and reachable("127.0.0.1", 5432)
     # The cache's hit ratio at TTL > 0 depends on the request rate, which every scenario changes: a feedback
     # neither WebPerf nor perfcast models, so by default the TTL is 0 and every index page is built.
     setup = ForumSetup(redis_url=REDIS_URL if use_real else None, postgres_url=POSTGRES_URL if use_real else None,
@@ -571,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
                 variants.append((replace(case, name=f"{case.name} (no wake-up)"), case.spec))
         if calibrate and pooled_levels(lights):
             variants.append((replace(case, name=f"{case.name} (levels)"), case.spec))
+            variants.append((replace(case, name=f"{case.name} (one user)"), case.spec))
         predicted = []
         for variant, spec in variants:
             # The RTT profiles, measured end to end by a client idle between calls, hold the cold start of the
@@ -578,10 +602,10 @@ def main(argv: list[str] | None = None) -> int:
             plain = not wake or variant.name.endswith(("(rtt)", "(no wake-up)"))
             profiles = _WithoutWake(store) if plain else store
             try:
-                # the nominal rows price the load from the one-user runs alone, the (levels) rows from the levels
-                light = (lights if variant.name.endswith("(levels)") or not calibrate
-                         else [replace(t, levels=()) for t in lights])
-                preds = (_predict_by_round(spec, bases, light, profiles, ns.samples, rng, status) if calibrate
+                # the nominal rows price the load from the one-user runs and a wake-up's cost fitted at the
+                # levels, the (one user) rows from the one-user runs alone, the (levels) rows from the levels
+                how = next((h for h in ("levels", "one user") if variant.name.endswith(f"({h})")), "wake")
+                preds = (_predict_by_round(spec, bases, lights, profiles, ns.samples, rng, status, how) if calibrate
                          else predict(graphs, spec, profiles, ns.samples, rng))
                 predicted.append((replace(variant, spec=spec), {p.route: p for p in preds}))
             except AnalyzerError as exc:

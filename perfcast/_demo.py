@@ -98,12 +98,13 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
     from analyzer.accuracy import cdf_deviation
     from analyzer.build import build_graphs
     from analyzer.graph import dump_graphs
-    from analyzer.loadsim import background_from_spans, calibrate, with_background
+    from analyzer.loadsim import (MeasuredLevels, background_from_spans, calibrate, fit_wake_cost, with_background,
+                                  with_wake_cost)
     from analyzer.predict import predict
     from analyzer.selfcheck import summarize
     from analyzer.spans import process_cpu, read_spans
     from replayer.groundtruth import (BLOB_NAME, Applied, ForumSetup, client_mix, client_side_ms, measure_loaded,
-                                      measure_paired, measured_requests, pooled_host, pooled_light)
+                                      measure_paired, measured_requests, pooled_host, pooled_levels, pooled_light)
 
     console = console or Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -171,11 +172,14 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
             console.print(f"  {what}", highlight=False)
             model, collected, loaded = graphs, True, []
             if n_users > 1:
+                levels = sorted({n_users // 4, n_users // 2} - {0, 1})
                 step(f"the app without the collector, one user and {n_users} users taking turns: the light runs for "
-                     "its CPU and latency, the loaded ones to compare with")
+                     f"its CPU and latency (and its loop's CPU at {' and '.join(map(str, levels))} users), the "
+                     "loaded ones to compare with")
                 lights, loaded = measure_loaded(setup, Applied(), users=n_users,
                                                 requests=max(requests // 2, 8 * n_users),
                                                 light_requests=max(requests // 2, 1), blocks=2, warmup_requests=warmup,
+                                                levels=levels,
                                                 on_step=lambda text: None if text.startswith("block ") else step(text),
                                                 log_dir=out / "logs")
                 loop_ms, preempted_ms, without = pooled_light(lights)
@@ -183,6 +187,15 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
                                                preempted_ms=preempted_ms, host=pooled_host(lights),
                                                client_ms=client_side_ms(bases))
                 step(calibration.describe())
+                at_levels = [(n, cpu + preempted) for n, cpu, preempted, _ in pooled_levels(lights)]
+                if at_levels:
+                    # what a wake-up of the loop costs, which a busier loop pays less often: fitted to the levels
+                    mix = {r: float(len(without.get(r, ()))) for r in ROUTES}
+                    cost = fit_wake_cost([MeasuredLevels(model, at_levels, mix)], wake, samples=300 if quick else 600,
+                                         seed=seed)
+                    model = with_wake_cost(model, cost)
+                    step(f"a wake-up of the loop costs {cost:.3f} ms (fitted to its CPU per request at "
+                         + ", ".join(f"{n} users: {ms:.2f} ms" for n, ms in at_levels) + ")")
                 collected = False
             if name == "location":
                 wake = held.enter_context(_wake_profile(setup, out, quick, step))

@@ -26,13 +26,19 @@ from analyzer.loadsim import (
     LEVELS_KEY,
     OTHERS_KEY,
     WAIT_SCALE_KEY,
+    WAKE_COST_KEY,
+    MeasuredLevels,
+    Queueing,
     _background,
+    _WakeCost,
     _scaled_wait,
     background_demand,
     calibrate,
     fit_wait_scale,
+    fit_wake_cost,
     simulate_scenario,
     with_background,
+    with_wake_cost,
 )
 from analyzer.predict import _with_observed_pools, node_durations, predict
 from analyzer.scenario import parse_scenario
@@ -812,3 +818,70 @@ class TestMix:
         preds = predict([a, b], "load:40?mix.GET /b=1", samples=100, rng=rng())
         assert [p.route for p in preds] == ["GET /b"]  # no user asks for /a
         assert any(n.startswith("mix: users request GET /b 100%") for n in preds[0].notes)
+
+
+class TestWakeCost:
+    def test_a_wake_up_is_charged_to_the_work_after_it_beyond_the_recordings(self) -> None:
+        # without a wake-up profile what a wake-up costs falls on the first piece of work after the gap: 0.3 ms
+        cost = _WakeCost(None, "the first loop work after them", 1, fixed_ms=0.3)
+        recorded, scenario = cost.cost(recording=True), cost.cost(recording=False)
+        assert recorded is not None and scenario is not None
+        assert recorded(0, 2, 0, 0, 1.0, 0.2, 0) == 0.0  # recorded after a 1 ms gap: its durations hold it
+        assert recorded(0, 3, 0, 0, 0.0, 1.5, 0) == 0.0  # and the piece after it, which owed nothing more
+        # the same piece with no gap before it (a busier loop) saves it; after a gap it costs what it did
+        assert scenario(0, 2, 0, 0, 0.0, 0.2, 0) == pytest.approx(-0.3)
+        assert scenario(0, 2, 0, 0, 2.0, 0.2, 0) == pytest.approx(0.0)
+        assert scenario(0, 3, 0, 0, 0.0, 1.5, 0) == pytest.approx(0.0)
+        assert "0.3 ms of loop work per wake-up itself" in cost.describe()[0]
+        assert _WakeCost(None, "", 1).cost(recording=False) is None  # neither a profile nor a cost: nothing
+
+    def test_a_busier_loop_pays_fewer_wake_ups(self) -> None:
+        # a (1 ms call) -> c (0.5 ms) -> end: at one user the loop wakes once a request, for c. Two users keep it
+        # busy (each c waits for the other's), so the second's c finds it awake and saves the wake-up's 0.2 ms
+        g = chain("GET /", io("a", 1.0), compute("c", 0.5))
+        plain, priced = Queueing(), Queueing()
+        predict([g], "load:2", samples=600, rng=rng(), queueing=plain)
+        predict(with_wake_cost([g], 0.2), "load:2", samples=600, rng=rng(), queueing=priced)
+        assert plain.loop_ms_per_request == pytest.approx(0.5, abs=1e-6)
+        assert priced.loop_ms_per_request < plain.loop_ms_per_request - 0.05
+        assert priced.loop_ms_per_request >= 0.5 - 0.2 - 1e-6
+        # at the recorded load nothing changes
+        alone = predict(with_wake_cost([g], 0.2), "load:1", samples=200, rng=rng())[0].predicted.samples_ms
+        np.testing.assert_allclose(alone, predict([g], "load:1", samples=200, rng=rng())[0].predicted.samples_ms)
+        assert with_wake_cost([g], 0.2)[0].meta[WAKE_COST_KEY] == 0.2
+        with pytest.raises(ValueError, match="cost_ms must be finite and non-negative"):
+            with_wake_cost([g], -0.1)
+
+    def test_the_fit_finds_the_cost_the_levels_were_measured_at(self) -> None:
+        # the "measured" demand at 2 and 3 users is the simulation's own at a cost of 0.15 ms: the fit finds it
+        g = chain("GET /", io("a", 1.0), compute("c", 0.4), io("b", 0.6), compute("d", 0.3))
+
+        def demand(users: int, cost: float) -> float:
+            q = Queueing()
+            predict(with_wake_cost([g], cost), f"load:{users}?mix.GET /=1", samples=400,
+                    rng=np.random.default_rng(0), queueing=q)
+            return q.loop_ms_per_request
+
+        levels = [(2, demand(2, 0.15)), (3, demand(3, 0.15))]
+        assert levels[1][1] < demand(3, 0.0) - 0.05  # the cost moves the demand: the fit has something to find
+        run = MeasuredLevels([g], levels, {"GET /": 1.0})
+        assert fit_wake_cost([run], samples=400) == pytest.approx(0.15, abs=0.01)
+        # two runs fitted together: between what each says alone (0.15 and 0.05)
+        other = MeasuredLevels([g], [(2, demand(2, 0.05)), (3, demand(3, 0.05))], {"GET /": 1.0})
+        assert fit_wake_cost([other], samples=400) == pytest.approx(0.05, abs=0.01)
+        assert 0.07 < fit_wake_cost([run, other], samples=400) < 0.13
+        # a loop that saves nothing at more users costs nothing per wake-up
+        flat = MeasuredLevels([g], [(2, demand(2, 0.0))], {"GET /": 1.0})
+        assert fit_wake_cost([flat], samples=400) == pytest.approx(0.0, abs=0.01)
+        with pytest.raises(ValueError, match="a measured level above one user"):
+            fit_wake_cost([MeasuredLevels([g], [(1, 0.7)], {"GET /": 1.0})])
+
+    def test_a_calibrated_calls_wait_loses_the_collectors_share_of_its_read_callbacks(self) -> None:
+        # a 4 ms call with 1 ms of CPU and 2 ms of read callbacks, recorded under a collector that doubles the
+        # loop's work (CPU scale 0.5): the call takes 4 - 0.5 (1 + 2) = 2.5 ms without it
+        call = replace(io("a", 4.0, cpu=1.0, before=0.5), extra={"cpu_before_ms": [0.5] * 20, "hidden_ms": [2.0] * 20})
+        g = chain("GET /", call)
+        calibrated = [CausalGraph(g.route, g.nodes, list(g.dag.edges), latency_ms=g.latency_ms,
+                                  meta={CPU_SCALE_KEY: 0.5})]
+        assert simulated_mean(calibrated, "load:1") == pytest.approx(2.5)
+        assert simulated_mean([g], "load:1") == pytest.approx(4.0)
