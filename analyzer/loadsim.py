@@ -1476,7 +1476,7 @@ CPU_SCALE_KEY = "cpu_scale"
 
 WAKE_COST_KEY = "wake_cost_ms"
 """Graph ``meta`` key: the loop work (ms) a wake-up of the loop costs by itself, beside what the idle before it
-adds (the wake-up profile's extra): :func:`fit_wake_cost`, written by :func:`calibrate` given ``wakeups``."""
+adds (the wake-up profile's extra): fitted by :func:`fit_wake_cost`, written by :func:`with_wake_cost`."""
 
 CLIENT_KEY = "client_ms"
 """Graph ``meta`` key: time (ms) per request outside the server span that the latency the prediction is compared
@@ -1908,9 +1908,10 @@ def fit_wake_cost(
 
     zero, probe = simulated(0.0), simulated(probe_ms)
     first = solve(zero, probe)
-    if first == 0.0:
+    near = zero if first < probe_ms / 2 else probe
+    if math.isclose(first, near[0]):
         return first
-    return solve(zero if first < probe_ms / 2 else probe, simulated(first))
+    return solve(near, simulated(first))
 
 
 def with_wake_cost(graphs: Sequence[CausalGraph], cost_ms: float) -> list[CausalGraph]:
