@@ -184,6 +184,12 @@ class Workload:
     """Per node: CPU (ms) the host's other processes (the database, a cache, the load client) spend for this
     io call, on ``simulate(cores=...)``'s cores; the recorded wait holds it served at once, so a call that finds
     every core taken waits that much longer. Empty: none."""
+    sleeps: tuple[bool, ...] = ()
+    """Per node: whether the loop may have slept in ``select()`` right before this compute node's work, so that
+    an idle gap before it is a wake-up: it follows an io call's answer, the request's arrival, a timer or a wait
+    on another task. Not after a synchronisation point or another step only, which asyncio runs from its ready
+    queue without sleeping (the sync point's recorded time is the loop dispatching it). An io call's CPU after
+    its wait always follows its answer, its CPU before it the step that makes the call. Empty: every node."""
 
 
 @dataclass(slots=True)
@@ -430,6 +436,9 @@ def simulate(
             return d
         server = req_server[r]
         gap = max(t - loop_free[server], 0.0)
+        w = workloads[req_kind[r]]
+        if w.sleeps and (site == 1 or (site == 0 and not w.sleeps[j])):
+            gap = 0.0  # made ready from the loop's ready queue: it did not sleep for this work
         extra = wake(req_kind[r], j, req_col[r], site, gap, d, server) if wake is not None else 0.0
         if neighbour is not None and d + hidden > 0:
             extra += spell(r, server, gap > 0, t, d + hidden)
@@ -1172,8 +1181,14 @@ def _simulate_once(
     # At one user per loop the recorded durations hold the threads' waits for the GIL already
     threaded = [tuple(users > 1 and graph.node(i).kind is NodeKind.IO and graph.node(i).system in THREAD_SYSTEMS
                       for i in part[0].ids) for graph, part in zip(graphs, parts, strict=True)]
+    # a compute node after a sync point or another step only runs from the ready queue: no wake-up before it
+    internal = (NodeKind.SYNC, NodeKind.COMPUTE)
+    sleeps = [tuple(not (graph.node(i).kind is NodeKind.COMPUTE and part[0].preds[j]
+                         and all(graph.node(part[0].ids[p]).kind in internal for p in part[0].preds[j]))
+                    for j, i in enumerate(part[0].ids))
+              for graph, part in zip(graphs, parts, strict=True)]
     workloads = [Workload(plan, durations, loop, pool, group, weights[gi], nested, server, before, after,
-                          background[gi], holds, threaded[gi], hidden, others[gi])
+                          background[gi], holds, threaded[gi], hidden, others[gi], sleeps[gi])
                  for gi, (plan, durations, loop, pool, group, nested, server, before, after, holds, hidden)
                  in enumerate(parts)]
     if any(any(t) for t in threaded):

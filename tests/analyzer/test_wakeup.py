@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
+from analyzer.graph import Node, NodeKind
 from analyzer.predict import predict
 from analyzer.profiles import ProfileKey, ProfileStore
 from analyzer.spans import IoCall, Request
@@ -103,6 +104,25 @@ def test_a_longer_wait_is_charged_the_extra_of_its_gap_beyond_the_recorded_gap(t
     assert np.median(x) == pytest.approx(12.7 + 0.6 * paid(1.7) - 0.06, abs=1e-6)
     assert x.max() <= 12.7 + 0.6 * paid(1.7) - 0.06 * paid(1.7) + 1e-9
     assert any("wake-up" in n for n in p.notes)
+
+
+@pytest.mark.parametrize("kind", [NodeKind.SYNC, NodeKind.WAIT])
+def test_the_loop_does_not_wake_up_again_after_a_sync_point(tmp_path: Path, kind: NodeKind) -> None:
+    # chain() with 0.05 ms between c and d: a sync point (c's task ends, its parent's d runs from the ready
+    # queue: the loop does not sleep between them) or a wait on another task (which an answer ends: a wake-up).
+    # After the sync point d goes on paying what the 11 ms gap still owes, as if c and d were one piece of
+    # work: as chain(), 0.05 ms later. After the wait the loop wakes again and d's gap is priced with the idle
+    # behind it, which costs more
+    g = graph("GET /", [io("a", [1.0] * 4), compute("c", [0.2] * 4, [0.2] * 4), Node("s", kind, (0.05,) * 4),
+                        compute("d", [1.5] * 4, [1.5] * 4)],
+              [("start", "a"), ("a", "c"), ("c", "s"), ("s", "d"), ("d", "end")])
+    with wake_store(tmp_path / "p.db", {10.0: 0.6}) as s:
+        (p,) = predict([g], "location:redis=+10ms", s, samples=200, rng=rng())
+    one_piece = 12.75 + 0.6 * paid(1.7) - 0.06
+    if kind is NodeKind.SYNC:
+        assert np.median(p.predicted.samples_ms) == pytest.approx(one_piece, abs=1e-6)
+    else:
+        assert np.median(p.predicted.samples_ms) > one_piece + 0.01
 
 
 def test_short_work_after_a_gap_pays_its_share_only(tmp_path: Path) -> None:
