@@ -74,7 +74,8 @@ on which the compute segments of *all* concurrent requests run one at a time. So
 - every idle gap of the simulated loop adds to the loop work after it what a wake-up costs by itself
   (``meta.wake_cost_ms``, fitted to the loop's demand measured at a few users: :func:`fit_wake_cost`) and what
   the idle adds beyond it (the store's wake-up profile), less what the same work's gaps cost as recorded: a
-  busier loop sleeps less and pays less per request.
+  busier loop sleeps less and pays less per request. A gap before a step that follows only a sync point or
+  another step is none: asyncio runs that step from its ready queue without sleeping (:attr:`Workload.sleeps`).
 
 The first ``2 N`` completions are discarded (the start-up transient of users that all start at t = 0).
 Checks with answers by hand are in the tests: N users of pure compute ``d`` see ``N d``; pure io is unchanged;
