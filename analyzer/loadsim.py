@@ -1084,8 +1084,10 @@ def _simulate_once(
             node = graph.node(node_id)
             on_loop.append(node.kind is NodeKind.COMPUTE)
             unheld = node.extra.get("hidden_ms")
-            if hidden is not None and isinstance(unheld, list) and len(unheld) == model.base.shape[1]:
-                hidden[j] = np.asarray(unheld, dtype=np.float64)[model.idx] * (scale if scale is not None else 1.0)
+            recorded_hidden = (np.asarray(unheld, dtype=np.float64)[model.idx]
+                               if isinstance(unheld, list) and len(unheld) == model.base.shape[1] else None)
+            if hidden is not None and recorded_hidden is not None:
+                hidden[j] = recorded_hidden * (scale if scale is not None else 1.0)
                 hidden_nodes += 1
             if node.kind is NodeKind.IO and len(node.cpu_ms) == model.base.shape[1]:
                 io_cpu_nodes += 1
@@ -1104,9 +1106,7 @@ def _simulate_once(
             if scale is not None and node.kind is NodeKind.IO:
                 # calibrated: the call's CPU is the process's own share only (the collector's cost taken out), and
                 # so is the loop's work in its wait (hidden_ms, which the CPU scale was measured against too)
-                held = cpu_before[j] + cpu_after[j]
-                if isinstance(unheld, list) and len(unheld) == model.base.shape[1]:
-                    held = held + np.asarray(unheld, dtype=np.float64)[model.idx]
+                held = cpu_before[j] + cpu_after[j] + (recorded_hidden if recorded_hidden is not None else 0.0)
                 durations[j] = np.maximum(durations[j] - (1.0 - scale) * held, 0.0)
                 cpu_before[j] *= scale
                 cpu_after[j] *= scale
@@ -1820,9 +1820,9 @@ def calibrate(
         raise ValueError(f"levels must be (users above {users}, each once; CPU ms > 0; preempted ms >= 0; host "
                          f"CPU ms >= 0 or None), got {list(levels)}")
     user_graphs = [g for g in graphs if g.route in routes]
-    # the light run's own mix of routes (its latencies per route), which its CPU per request was measured over;
-    # its levels ran the same client sequence, so the same mix stands for theirs
-    mix = {r: float(len(without_ms.get(r, ()))) for r in routes}
+    # the light run's own mix of routes, which its CPU per request was measured over; its levels ran the same
+    # client sequence, so the same mix stands for theirs
+    mix = _light_mix(routes, without_ms)
     demand = background_demand(graphs, user_graphs, process_cpu_ms + preempted_ms, mix)
     at_levels = tuple((int(n), background_demand(graphs, user_graphs, x + y, mix)) for n, x, y, _ in sorted(levels))
     if at_levels:
@@ -1864,6 +1864,19 @@ class MeasuredLevels:
     mix: Mapping[str, float]
     """route -> the share of the user routes in those runs."""
 
+    @classmethod
+    def of(cls, graphs: Sequence[CausalGraph], routes: Sequence[str], without_ms: Mapping[str, Sequence[float]],
+           levels: Sequence[tuple[int, float, float, float | None]]) -> MeasuredLevels:
+        """From what :func:`calibrate` was given: the user ``routes``, the light run's latencies by route (its
+        mix: its levels ran the same client sequence) and its ``levels`` (users, loop CPU ms, preempted ms,
+        host CPU ms or None per request: ``replayer.groundtruth.pooled_levels``)."""
+        return cls(graphs, [(n, cpu + preempted) for n, cpu, preempted, _ in levels], _light_mix(routes, without_ms))
+
+
+def _light_mix(routes: Sequence[str], without_ms: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """route -> the light run's requests of it (its latencies by route)."""
+    return {r: float(len(without_ms.get(r, ()))) for r in routes}
+
 
 def fit_wake_cost(
     runs: Sequence[MeasuredLevels],
@@ -1904,10 +1917,10 @@ def fit_wake_cost(
         raise ValueError(f"probe_ms must be positive, got {probe_ms}")
 
     def demand_at(cost: float, run: MeasuredLevels, users: int) -> float:
-        query = "&".join(f"mix.{route}={share:g}" for route, share in run.mix.items() if share > 0)
+        mix = tuple((route, share) for route, share in run.mix.items() if share > 0)
         queueing = Queueing()
-        predict(with_wake_cost(run.graphs, cost), f"load:{users}" + (f"?{query}" if query else ""), store, samples,
-                np.random.default_rng(seed), queueing=queueing)
+        predict(with_wake_cost(run.graphs, cost), Scenario(f"load:{users}", (Load(users, mix=mix),)), store,
+                samples, np.random.default_rng(seed), queueing=queueing)
         return queueing.loop_ms_per_request
 
     def simulated(cost: float) -> tuple[float, list[float]]:

@@ -371,9 +371,7 @@ def _predict_by_round(spec: str, bases: list[GroundTruth], lights: list[GroundTr
                        + (f" ({len(problems)} left out: {problems[0]})" if problems else "")))
         levels = pooled_levels([light])
         if how == "wake" and levels:
-            _, _, without = pooled_light([light])
-            measured.append(MeasuredLevels(graphs, [(n, cpu + preempted) for n, cpu, preempted, _ in levels],
-                                           {r: float(len(without.get(r, []))) for r in ROUTES}))
+            measured.append(MeasuredLevels.of(graphs, ROUTES, pooled_light([light])[2], levels))
     if measured:
         # one cost for the app on this machine, fitted to every round's levels together
         cost = fit_wake_cost(measured, store, samples=WAKE_FIT_SAMPLES)

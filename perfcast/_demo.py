@@ -187,15 +187,14 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
                                                preempted_ms=preempted_ms, host=pooled_host(lights),
                                                client_ms=client_side_ms(bases))
                 step(calibration.describe())
-                at_levels = [(n, cpu + preempted) for n, cpu, preempted, _ in pooled_levels(lights)]
+                at_levels = pooled_levels(lights)
                 if at_levels:
                     # what a wake-up of the loop costs, which a busier loop pays less often: fitted to the levels
-                    mix = {r: float(len(without.get(r, ()))) for r in ROUTES}
-                    cost = fit_wake_cost([MeasuredLevels(model, at_levels, mix)], wake, samples=300 if quick else 600,
-                                         seed=seed)
+                    measured = MeasuredLevels.of(model, ROUTES, without, at_levels)
+                    cost = fit_wake_cost([measured], wake, samples=300 if quick else 600, seed=seed)
                     model = with_wake_cost(model, cost)
                     step(f"a wake-up of the loop costs {cost:.3f} ms (fitted to its CPU per request at "
-                         + ", ".join(f"{n} users: {ms:.2f} ms" for n, ms in at_levels) + ")")
+                         + ", ".join(f"{n} users: {ms:.2f} ms" for n, ms in measured.levels) + ")")
                 collected = False
             if name == "location":
                 wake = held.enter_context(_wake_profile(setup, out, quick, step))

@@ -1185,20 +1185,21 @@ def cpu_s(pids: Sequence[int]) -> tuple[float, float, float]:
         times = process.cpu_times()
         main = next((t for t in process.threads() if t.id == pid), None)
         user, system = user + times.user, system + times.system
-        exact = _on_cpu_s(pid)
+        exact = _schedstat_s(pid)
         if exact is not None and main is not None:
-            loop += exact + max(times.user - main.user_time, 0.0)
+            loop += exact[0] + max(times.user - main.user_time, 0.0)
         else:
             loop += times.user + (min(main.system_time, times.system) if main is not None else 0.0)
     return user, system, loop
 
 
-def _on_cpu_s(pid: int) -> float | None:
-    """Seconds the main thread of ``pid`` has run on a CPU so far (user and system, in ns), or None where
-    ``/proc`` has no schedstat for it."""
+def _schedstat_s(pid: int) -> tuple[float, float] | None:
+    """(seconds the main thread of ``pid`` has run on a CPU, user and system; seconds it has waited on a run
+    queue) so far, from ``/proc/PID/task/PID/schedstat`` (nanoseconds), or None where there is none."""
     try:
         with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
-            return int(f.read().split()[0]) / 1e9
+            fields = f.read().split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
 
@@ -1218,18 +1219,19 @@ def loop_switches(pids: Sequence[int]) -> tuple[float, int, int]:
     wait = 0.0
     voluntary = involuntary = 0
     for pid in pids:
+        stat = _schedstat_s(pid)
+        if stat is None:
+            continue
         try:
-            with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
-                wait_ns = int(f.read().split()[1])
             counts: dict[str, int] = {}
             with open(f"/proc/{pid}/task/{pid}/sched") as f:
                 for line in f:
                     name, _, value = line.partition(":")
                     if name.strip() in ("nr_voluntary_switches", "nr_involuntary_switches"):
                         counts[name.strip()] = int(float(value))
-        except (OSError, ValueError, IndexError):
+        except (OSError, ValueError):
             continue
-        wait += wait_ns / 1e9
+        wait += stat[1]
         voluntary += counts.get("nr_voluntary_switches", 0)
         involuntary += counts.get("nr_involuntary_switches", 0)
     return wait, voluntary, involuntary
