@@ -119,11 +119,10 @@ if TYPE_CHECKING:
     from analyzer.predict import NodeDurations, SupportsSelect
 
 __all__ = ["BACKGROUND_KEY", "CLIENT_KEY", "CPU_SCALE_KEY", "HOST_CPUS_KEY", "HOST_CPU_KEY", "LEVELS_KEY",
-           "OTHERS_KEY", "WAIT_SCALE_KEY", "WAKE_COST_KEY", "BackgroundDemand", "Calibration", "MeasuredLevels",
-           "Queueing", "Workload",
-           "as_recorded", "at_recorded_load", "background_demand", "background_from_spans", "calibrate", "fit_wait_scale",
-           "fit_wake_cost", "with_wake_cost",
-           "simulate", "simulate_scenario", "with_background"]
+           "OTHERS_KEY", "OTHERS_LEVELS_KEY", "WAIT_SCALE_KEY", "WAKE_COST_KEY", "BackgroundDemand", "Calibration",
+           "MeasuredLevels", "Queueing", "Workload", "as_recorded", "at_recorded_load", "background_demand",
+           "background_from_spans", "calibrate", "fit_wait_scale", "fit_wake_cost", "simulate", "simulate_scenario",
+           "with_background", "with_wake_cost"]
 
 FloatArray = npt.NDArray[np.float64]
 Adjust = Callable[[int, int, int, int], float]
@@ -753,47 +752,56 @@ _LEVEL_FIELDS = ("users", "cpu_scale", "background_ms")
 
 
 def _levels(graph: CausalGraph) -> list[dict[str, float]]:
-    """``graph.meta[LEVELS_KEY]``'s rows (:data:`LEVELS_KEY`), checked; empty where absent.
+    """``graph.meta[LEVELS_KEY]``'s rows (:data:`LEVELS_KEY`), checked; empty where absent."""
+    return _rows(graph, LEVELS_KEY, _LEVEL_FIELDS, "cpu_scale")
+
+
+def _others_levels(graph: CausalGraph) -> list[dict[str, float]]:
+    """``graph.meta[OTHERS_LEVELS_KEY]``'s rows (:data:`OTHERS_LEVELS_KEY`), checked; empty where absent."""
+    return _rows(graph, OTHERS_LEVELS_KEY, ("users", OTHERS_KEY), None)
+
+
+def _rows(graph: CausalGraph, key: str, fields: Sequence[str], positive: str | None) -> list[dict[str, float]]:
+    """``graph.meta[key]`` as rows of ``fields``, checked: users ascending from 1 up, every value finite and
+    non-negative, ``positive`` above 0. Empty where absent.
 
     Raises
     ------
     ValueError
-        If the entry is not such a list (users ascending from 1 up, positive scales, non-negative times, the
-        others' CPU in every row or none), naming the graph's route.
+        If the entry is not such a list, naming the graph's route.
     """
-    raw = graph.meta.get(LEVELS_KEY)
+    raw = graph.meta.get(key)
     if raw is None:
         return []
-    what = (f"graph {graph.route!r}: meta {LEVELS_KEY!r} must be a list of {{users, cpu_scale, background_ms[, "
-            f"others_ms]}} with users ascending from 1 up, cpu_scale > 0 and times >= 0")
+    what = (f"graph {graph.route!r}: meta {key!r} must be a list of {{{', '.join(fields)}}} with users ascending "
+            f"from 1 up{f', {positive} > 0' if positive else ''} and times >= 0")
     try:
-        rows = [{k: float(row[k]) for k in (*_LEVEL_FIELDS, OTHERS_KEY) if k in row or k in _LEVEL_FIELDS}
-                for row in raw]
+        rows = [{k: float(row[k]) for k in fields} for row in raw]
     except (TypeError, ValueError, KeyError):
         raise ValueError(f"{what}, got {raw!r}") from None
     users = [r["users"] for r in rows]
     if (not rows or users[0] < 1 or any(b <= a for a, b in itertools.pairwise(users))
-            or len({len(r) for r in rows}) > 1
-            or not all(r["cpu_scale"] > 0 and all(v >= 0 and math.isfinite(v) for v in r.values()) for r in rows)):
+            or not all((positive is None or r[positive] > 0) and all(v >= 0 and math.isfinite(v) for v in r.values())
+                       for r in rows)):
         raise ValueError(f"{what}, got {raw!r}")
     return rows
 
 
 def _at_load(graph: CausalGraph, users: int) -> CausalGraph:
-    """``graph`` with the loop's demand (its CPU scale and background) and the host's other processes' CPU at
-    ``users`` per loop, from its measured levels (``LEVELS_KEY``): MVASD's load-varying demand (Kattepur and
-    Nambiar, IPDPS Workshops 2015, Algorithm 2), interpolated linearly between the levels rather than by their
-    cubic spline (with two or three levels of a few hundred requests each, a cubic would carry their noise
-    between them) and held past the last, as their eq. 12 holds the spline's ends. Unchanged without levels.
+    """``graph`` with the loop's demand (its CPU scale and background, ``LEVELS_KEY``) and the host's other
+    processes' CPU (``OTHERS_LEVELS_KEY``) at ``users`` per loop, from their measured levels: MVASD's load-varying
+    demand (Kattepur and Nambiar, IPDPS Workshops 2015, Algorithm 2), interpolated linearly between the levels
+    rather than by their cubic spline (with two or three levels of a few hundred requests each, a cubic would
+    carry their noise between them) and held past the last, as their eq. 12 holds the spline's ends. Each is
+    unchanged without levels of its own.
     """
-    rows = _levels(graph)
-    if len(rows) < 2 or users <= rows[0]["users"]:
-        return graph
-    n = [r["users"] for r in rows]
-    extra = {key: float(np.interp(users, n, [r[field] for r in rows]))
-             for key, field in ((CPU_SCALE_KEY, "cpu_scale"), (BACKGROUND_KEY, "background_ms"),
-                                (OTHERS_KEY, OTHERS_KEY)) if field in rows[0]}
-    return _with_meta(graph, extra)
+    extra: dict[str, float] = {}
+    for rows, fields in ((_levels(graph), ((CPU_SCALE_KEY, "cpu_scale"), (BACKGROUND_KEY, "background_ms"))),
+                         (_others_levels(graph), ((OTHERS_KEY, OTHERS_KEY),))):
+        if len(rows) >= 2 and users > rows[0]["users"]:
+            n = [r["users"] for r in rows]
+            extra.update({key: float(np.interp(users, n, [r[field] for r in rows])) for key, field in fields})
+    return _with_meta(graph, extra) if extra else graph
 
 
 def at_recorded_load(scenario: Scenario, graphs: Sequence[CausalGraph]) -> bool:
@@ -1509,9 +1517,15 @@ HOST_CPUS_KEY = "host_cpus"
 
 LEVELS_KEY = "loop_levels"
 """Graph ``meta`` key: the loop's demand measured at more users than one, as :func:`calibrate` writes it: a list
-of ``{"users": users per loop, "cpu_scale": ..., "background_ms": ..., "others_ms": ...}``, users ascending, the
-first at the light run's load (its ``CPU_SCALE_KEY`` and ``BACKGROUND_KEY``); ``others_ms`` (``OTHERS_KEY``) in
-every row or in none. A load prediction takes them at its users per loop (:func:`_at_load`)."""
+of ``{"users": users per loop, "cpu_scale": ..., "background_ms": ...}``, users ascending, the first at the light
+run's load (its ``CPU_SCALE_KEY`` and ``BACKGROUND_KEY``). A load prediction takes them at its users per loop
+(:func:`_at_load`) and then charges no wake-ups: the levels hold what the busier loop saves."""
+
+OTHERS_LEVELS_KEY = "others_levels"
+"""Graph ``meta`` key: the host's other processes' CPU per user request (``OTHERS_KEY``) at the light run's load
+and at more users, as :func:`calibrate` writes it: a list of ``{"users": ..., "others_cpu_ms": ...}``, users
+ascending. A load prediction takes it at its users per loop (:func:`_at_load`), whether or not the loop's demand
+comes from levels too."""
 
 OTHERS_KEY = "others_cpu_ms"
 """Graph ``meta`` key: CPU (ms) per user request that the host's other processes (a database, a cache, a service,
@@ -1751,6 +1765,7 @@ def calibrate(
     host: tuple[float, int] | None = None,
     client_ms: Mapping[str, float] | None = None,
     levels: Sequence[tuple[int, float, float, float | None]] = (),
+    loop_levels: bool = True,
 ) -> tuple[list[CausalGraph], Calibration]:
     """Graphs calibrated to the app without the collector, from one light run with it and one without.
 
@@ -1802,8 +1817,13 @@ def calibrate(
         by 65-178% on one machine and not at all on another at the same host busy share, which nothing measured
         at one user says (``docs/accuracy.md``, runs 90-92). With the host's CPU at every level and ``host``, the
         simulation also queues the loop's work and the other processes' CPU (the host's busy CPU less the
-        loop's) for the host's cores (``OTHERS_KEY``), taken at the level too: on the example those processes
-        needed 10-19% less CPU per request at 8 and 16 users than at one (runs 97-99).
+        loop's) for the host's cores (``OTHERS_LEVELS_KEY``), taken at the level too: on the example those
+        processes needed 10-19% less CPU per request at 8 and 16 users than at one (runs 97-99).
+    loop_levels
+        False: the levels give the host's other processes' CPU only, and a load prediction prices the loop's
+        demand from the light run, wake-ups included (:func:`fit_wake_cost` fits what one costs to the levels'
+        loop demand). The balancer of the example's failure case shares the host's two cores with the app and
+        its backends: without the cores simulated, its pages came out 3.5-8.3 ms low (``docs/accuracy.md``).
     """
     if client_ms is not None:
         bad = {r: x for r, x in client_ms.items() if not (np.isfinite(x) and x >= 0)}
@@ -1825,15 +1845,15 @@ def calibrate(
     mix = _light_mix(routes, without_ms)
     demand = background_demand(graphs, user_graphs, process_cpu_ms + preempted_ms, mix)
     at_levels = tuple((int(n), background_demand(graphs, user_graphs, x + y, mix)) for n, x, y, _ in sorted(levels))
-    if at_levels:
+    if at_levels and loop_levels:
         rows = [{"users": float(users), "cpu_scale": demand.cpu_scale, "background_ms": demand.background_ms}]
         rows += [{"users": float(n), "cpu_scale": d.cpu_scale, "background_ms": d.background_ms} for n, d in at_levels]
-        if host is not None and all(h is not None for *_, h in levels):
-            # the other processes' CPU per request: the host's busy CPU less the app's loop CPU
-            others = [host[0] - process_cpu_ms] + [h - x for _, x, _, h in sorted(levels)]
-            for row, ms in zip(rows, others, strict=True):
-                row[OTHERS_KEY] = max(ms, 0.0)
         graphs = [_with_meta(g, {LEVELS_KEY: rows}) for g in graphs]
+    if levels and host is not None and all(h is not None for *_, h in levels):
+        # the other processes' CPU per request: the host's busy CPU less the app's loop CPU
+        others = [(users, host[0] - process_cpu_ms)] + [(n, h - x) for n, x, _, h in sorted(levels)]
+        graphs = [_with_meta(g, {OTHERS_LEVELS_KEY: [{"users": float(n), OTHERS_KEY: max(ms, 0.0)}
+                                                     for n, ms in others]}) for g in graphs]
     if host is not None:
         demand = replace(demand, host_ms=host[0], host_cpus=host[1])
     by_route: dict[str, float] = {}

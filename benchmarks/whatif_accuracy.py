@@ -17,7 +17,9 @@ Steps, per scenario (docs/demo.md and docs/accuracy.md say why each choice):
    collector (``measure_loaded``), each light run followed by short runs at a quarter and a half of the users
    per loop (``LOAD_LEVELS``): the ``(levels)`` rows take the loop's demand and the host's CPU for the load from
    them (``analyzer.loadsim.calibrate``'s ``levels``: MVASD's load-varying demands, and the host's cores
-   simulated), the nominal rows price the load from the one-user run alone. ``--separate`` measures the
+   simulated), the nominal rows price the loop's demand from the one-user run with what a wake-up costs,
+   fitted to the levels' (``analyzer.loadsim.fit_wake_cost``), and simulate the host's cores from the levels'
+   readings too, the ``(one user)`` rows from the one-user run alone. ``--separate`` measures the
    switchable cases in deployments of their own;
 2. graphs from the baseline's measured requests;
 3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size, with one caller
@@ -111,6 +113,9 @@ RESULTS = Path(__file__).with_name("results")
 LOAD_LEVELS = (4, 2)
 """The short runs after each light run of load and failure: at the users per loop divided by these (16 users:
 4 and 8; a failure leaving 8 on a loop: 2 and 4)."""
+LEVEL_REQUESTS = 3
+"""Measured requests of each level's run, in light runs' (``--requests / --rounds``): at 100 requests, a second
+at 4 users, one round of run 115 read the loop's CPU per request at 6.20 ms there and 5.02 at 8 users."""
 LOAD_REQUESTS_PER_USER = 25
 """Measured requests per user and round of a scenario with N users (at least ``--requests / --rounds``)."""
 WAKE_FIT_SAMPLES = 600
@@ -330,19 +335,22 @@ def _apart(repeat: dict[str, Any] | None) -> str:
             f"({repeat['sampling_median']:.1%}/{repeat['sampling_ks_d']:.2f})")
 
 
-def _calibrated(graphs: list[Any], lights: list[GroundTruth], bases: list[GroundTruth]) -> tuple[list[Any], str]:
+def _calibrated(graphs: list[Any], lights: list[GroundTruth], bases: list[GroundTruth], *,
+                loop_levels: bool = True) -> tuple[list[Any], str]:
     """The graphs calibrated to the app without the collector (:func:`analyzer.loadsim.calibrate`).
 
     ``lights`` ran the baseline's light load without the collector: the CPU the app's loop was held for per
     request there (``GroundTruth.loop_cpu_ms``), the time it was preempted (``loop_preempted_ms``), and per
     route the client-side latencies; and the same loop demand at a few more users (``GroundTruth.levels``).
     ``bases``, the collected runs the graphs were built from, give the time a request spends outside its server
-    span (the prediction is compared with client-side latencies).
+    span (the prediction is compared with client-side latencies). ``loop_levels`` False: the levels give the
+    host's other processes' CPU only, the loop's demand is priced from the light run.
     """
     loop_ms, preempted_ms, without = pooled_light(lights)
     out, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
                                  preempted_ms=preempted_ms, host=pooled_host(lights),
-                                 client_ms=client_side_ms(bases), levels=pooled_levels(lights))
+                                 client_ms=client_side_ms(bases), levels=pooled_levels(lights),
+                                 loop_levels=loop_levels)
     return out, calibration.describe()
 
 
@@ -357,7 +365,8 @@ def _predict_by_round(spec: str, bases: list[GroundTruth], lights: list[GroundTr
 
     ``how`` the loop's demand under load is priced: ``"wake"`` from the one-user run, with what a wake-up costs
     fitted to the demand measured at every round's levels (:func:`analyzer.loadsim.fit_wake_cost`; without
-    levels, as ``"one user"``); ``"one user"`` from it alone; ``"levels"`` interpolated between the levels.
+    levels, as ``"one user"``), the host's cores simulated from the levels' readings; ``"one user"`` from it
+    alone; ``"levels"`` interpolated between the levels, the host's cores too.
     """
     from analyzer.distribution import Distribution
 
@@ -366,7 +375,10 @@ def _predict_by_round(spec: str, bases: list[GroundTruth], lights: list[GroundTr
     for k, (base, light) in enumerate(zip(bases, lights, strict=True)):
         problems: list[str] = []
         graphs = [g for g in build_graphs(_window_requests(base), problems=problems) if g.route in ROUTES]
-        graphs, calibration = _calibrated(graphs, [light if how == "levels" else replace(light, levels=())], [base])
+        # the levels' loop demand for "levels"; for "wake" their host readings (the cores the loop shares with
+        # the backends, the load client and a balancer), the loop's demand from the light run and a wake-up's cost
+        graphs, calibration = _calibrated(graphs, [light if how != "one user" else replace(light, levels=())],
+                                          [base], loop_levels=how == "levels")
         rounds.append((graphs, f"round {k + 1}: {calibration}"
                        + (f" ({len(problems)} left out: {problems[0]})" if problems else "")))
         levels = pooled_levels([light])
@@ -540,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                                             light_requests=per_round, blocks=ns.rounds,
                                             warmup_requests=max(20, 4 * case.users),
                                             levels=sorted({per_loop // k for k in LOAD_LEVELS} - {0, 1}),
-                                            level_requests=per_round, on_step=status)
+                                            level_requests=LEVEL_REQUESTS * per_round, on_step=status)
             with runs.open("wb") as f:
                 pickle.dump((bases, lights, truths), f)
         else:

@@ -183,11 +183,13 @@ def run_demo(out: Path, requests: int = 300, *, quick: bool = False, console: Co
                                                 on_step=lambda text: None if text.startswith("block ") else step(text),
                                                 log_dir=out / "logs")
                 loop_ms, preempted_ms, without = pooled_light(lights)
+                at_levels = pooled_levels(lights)
+                # the levels' host readings simulate the cores the loop shares with the blob service and the load
+                # client; the loop's demand comes from the light runs, with a wake-up's cost fitted to the levels
                 model, calibration = calibrate(graphs, ROUTES, loop_ms, {r: without.get(r, []) for r in ROUTES},
                                                preempted_ms=preempted_ms, host=pooled_host(lights),
-                                               client_ms=client_side_ms(bases))
+                                               client_ms=client_side_ms(bases), levels=at_levels, loop_levels=False)
                 step(calibration.describe())
-                at_levels = pooled_levels(lights)
                 if at_levels:
                     # what a wake-up of the loop costs, which a busier loop pays less often: fitted to the levels
                     measured = MeasuredLevels.of(model, ROUTES, without, at_levels)

@@ -25,6 +25,7 @@ from analyzer.loadsim import (
     CPU_SCALE_KEY,
     LEVELS_KEY,
     OTHERS_KEY,
+    OTHERS_LEVELS_KEY,
     WAIT_SCALE_KEY,
     WAKE_COST_KEY,
     MeasuredLevels,
@@ -722,7 +723,7 @@ def test_the_host_cores_queue_the_loop_and_the_other_processes() -> None:
     g = chain("GET /", compute("c", 1.0), io("x", 4.0))
     levels = [(4, 1.0, 0.0, 4.0)]
     graphs, _ = calibrate([g], ["GET /"], 1.0, {"GET /": [5.0]}, host=(4.0, 2), levels=levels)
-    assert [row[OTHERS_KEY] for row in graphs[0].meta[LEVELS_KEY]] == [3.0, 3.0]
+    assert [row[OTHERS_KEY] for row in graphs[0].meta[OTHERS_LEVELS_KEY]] == [3.0, 3.0]
     assert mean_latency(graphs, "load:10") == pytest.approx(20.0, rel=0.03)
     (p,) = predict(graphs, "load:10", samples=400, rng=rng())
     assert any("its 2 cores serve the loop's work and the other processes' 3 ms of CPU" in n for n in p.notes)
@@ -735,6 +736,28 @@ def test_the_host_cores_queue_the_loop_and_the_other_processes() -> None:
     plain, _ = calibrate([g], ["GET /"], 1.0, {"GET /": [5.0]}, levels=[(4, 1.0, 0.0, None)])
     assert mean_latency(roomy, "load:10") == pytest.approx(mean_latency(plain, "load:10"), rel=0.02)
     assert mean_latency(plain, "load:10") == pytest.approx(10.0, rel=0.02)
+
+
+def test_the_host_cores_without_the_loops_demand_from_the_levels() -> None:
+    # At 4 users the loop took 2 ms a request (1 at one user) and the host 5 ms, so the other processes 3 ms.
+    # From the levels, 10 users saturate the loop at 2 ms a request (20 ms each) and the cores at (2 + 3) / 2
+    # ms: 25 ms each. With the loop priced from one user (loop_levels=False: a wake-up's cost fitted to the
+    # levels would say how much less it needs when busy), only the others come from the levels: (1 + 3) / 2 ms
+    # a request on the cores, 20 ms each
+    g = chain("GET /", compute("c", 1.0), io("x", 4.0))
+    levels = [(4, 2.0, 0.0, 5.0)]
+    both, _ = calibrate([g], ["GET /"], 1.0, {"GET /": [5.0]}, host=(4.0, 2), levels=levels)
+    assert mean_latency(both, "load:10") == pytest.approx(25.0, rel=0.03)
+    others, cal = calibrate([g], ["GET /"], 1.0, {"GET /": [5.0]}, host=(4.0, 2), levels=levels, loop_levels=False)
+    assert LEVELS_KEY not in others[0].meta and [(n, d.process_ms) for n, d in cal.levels] == [(4, 2.0)]
+    assert [row[OTHERS_KEY] for row in others[0].meta[OTHERS_LEVELS_KEY]] == [3.0, 3.0]
+    assert mean_latency(others, "load:10") == pytest.approx(20.0, rel=0.03)
+    (p,) = predict(others, "load:10", samples=200, rng=rng())
+    assert not any("from its measured levels (1, 4 users)" in n for n in p.notes)
+    assert any("other processes' 3 ms of CPU per request" in n for n in p.notes)
+    bad = CausalGraph(g.route, g.nodes, list(g.dag.edges), meta={OTHERS_LEVELS_KEY: [{"users": 1}]})
+    with pytest.raises(ValueError, match="'GET /': meta 'others_levels' must be a list of"):
+        mean_latency([bad], "load:4")
 
 
 def sqlite_call(node_id: str, ms: float, count: int = 20) -> Node:
