@@ -104,7 +104,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analyzer.distribution import DagPlan, evaluate_plan
-from analyzer.errors import ProfileError
+from analyzer.errors import GraphError, ProfileError
 from analyzer.graph import CausalGraph, Node, NodeKind, hidden_loop_ms, loop_cpu_ms
 from analyzer.interference import PERIOD_MS, cpu_slowdown, stretch_profile
 from analyzer.scenario import Failure, Interference, Load, Scenario, Tier, applies, matches, route_matches
@@ -121,8 +121,8 @@ if TYPE_CHECKING:
 __all__ = ["BACKGROUND_KEY", "CLIENT_KEY", "CPU_SCALE_KEY", "HOST_CPUS_KEY", "HOST_CPU_KEY", "LEVELS_KEY",
            "OTHERS_KEY", "OTHERS_LEVELS_KEY", "WAIT_SCALE_KEY", "WAKE_COST_KEY", "BackgroundDemand", "Calibration",
            "MeasuredLevels", "Queueing", "Workload", "as_recorded", "at_recorded_load", "background_demand",
-           "background_from_spans", "calibrate", "fit_wait_scale", "fit_wake_cost", "simulate", "simulate_scenario",
-           "with_background", "with_wake_cost"]
+           "background_from_spans", "calibrate", "check_meta", "fit_wait_scale", "fit_wake_cost", "simulate",
+           "simulate_scenario", "with_background", "with_wake_cost"]
 
 FloatArray = npt.NDArray[np.float64]
 Adjust = Callable[[int, int, int, int], float]
@@ -767,7 +767,7 @@ def _rows(graph: CausalGraph, key: str, fields: Sequence[str], positive: str | N
 
     Raises
     ------
-    ValueError
+    GraphError
         If the entry is not such a list, naming the graph's route.
     """
     raw = graph.meta.get(key)
@@ -778,12 +778,12 @@ def _rows(graph: CausalGraph, key: str, fields: Sequence[str], positive: str | N
     try:
         rows = [{k: float(row[k]) for k in fields} for row in raw]
     except (TypeError, ValueError, KeyError):
-        raise ValueError(f"{what}, got {raw!r}") from None
+        raise GraphError(f"{what}, got {raw!r}") from None
     users = [r["users"] for r in rows]
     if (not rows or users[0] < 1 or any(b <= a for a, b in itertools.pairwise(users))
             or not all((positive is None or r[positive] > 0) and all(v >= 0 and math.isfinite(v) for v in r.values())
                        for r in rows)):
-        raise ValueError(f"{what}, got {raw!r}")
+        raise GraphError(f"{what}, got {raw!r}")
     return rows
 
 
@@ -818,18 +818,38 @@ def as_recorded(scenario: Scenario) -> Scenario:
     return replace(scenario, changes=tuple(c for c in scenario.changes if isinstance(c, Load)))
 
 
-def _positive_meta(graph: CausalGraph, key: str) -> float | None:
-    """``graph.meta[key]`` as a float where it is a positive number, else None (absent, or not a number a
-    calibration writes)."""
+def _meta_number(graph: CausalGraph, key: str) -> float | None:
+    """``graph.meta[key]`` as a float, None where absent; :class:`GraphError` naming the graph and the key
+    unless it is a finite number >= 0."""
     raw = graph.meta.get(key)
-    return float(raw) if isinstance(raw, (int, float)) and raw > 0 else None
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not (math.isfinite(raw) and raw >= 0):
+        raise GraphError(f"graph {graph.route!r} (variant {graph.variant}): meta {key!r} must be a finite number "
+                         f">= 0, got {raw!r}")
+    return float(raw)
+
+
+def _positive_meta(graph: CausalGraph, key: str) -> float | None:
+    """``graph.meta[key]`` where it is above 0, else None (absent or 0); checked by :func:`_meta_number`."""
+    x = _meta_number(graph, key)
+    return x if x is not None and x > 0 else None
+
+
+def check_meta(graph: CausalGraph) -> None:
+    """Check what a calibration writes in ``graph.meta`` (the numbers, the levels): a file edited by hand gets
+    :class:`GraphError` naming the graph and the key before anything is simulated, not a silent default."""
+    for key in _NUMBER_KEYS:
+        _meta_number(graph, key)
+    _levels(graph)
+    _others_levels(graph)
 
 
 def _recalibrated(graph: CausalGraph) -> bool:
     """Whether the graph's durations were calibrated to a deployment other than the recorded one (the app
     without the collector, :func:`with_background`), whose latencies the recording does not give."""
-    scale = graph.meta.get(CPU_SCALE_KEY)
-    return WAIT_SCALE_KEY in graph.meta or (isinstance(scale, (int, float)) and scale < 1.0)
+    scale = _meta_number(graph, CPU_SCALE_KEY)
+    return WAIT_SCALE_KEY in graph.meta or (scale is not None and scale < 1.0)
 
 
 def _as_change(models: Sequence[NodeDurations], recorded: Sequence[FloatArray], simulated: Sequence[FloatArray],
@@ -1339,8 +1359,8 @@ def _host_note(graphs: Sequence[CausalGraph], latencies: Sequence[FloatArray], u
     """
     if simulated is not None:
         return [f"host: its {simulated.cores} cores {simulated.core_busy:.0%} busy in the simulation"]
-    host = [float(g.meta[HOST_CPU_KEY]) for g in graphs if HOST_CPU_KEY in g.meta]
-    cpus = [int(g.meta.get(HOST_CPUS_KEY, 0) or 0) for g in graphs if HOST_CPU_KEY in g.meta]
+    host = [_meta_number(g, HOST_CPU_KEY) or 0.0 for g in graphs if HOST_CPU_KEY in g.meta]
+    cpus = [int(_meta_number(g, HOST_CPUS_KEY) or 0) for g in graphs if HOST_CPU_KEY in g.meta]
     served = [lat for lat, user in zip(latencies, user_routes, strict=True) if user and lat.size]
     if not host or not served or max(cpus) <= 0:
         return []
@@ -1531,6 +1551,10 @@ OTHERS_KEY = "others_cpu_ms"
 """Graph ``meta`` key: CPU (ms) per user request that the host's other processes (a database, a cache, a service,
 the load client) spend on the host's cores beside the app, at a measured load level (:func:`_at_load`): with
 ``HOST_CPUS_KEY``, the simulation queues it and the loop's work for those cores."""
+
+_NUMBER_KEYS = (BACKGROUND_KEY, WAIT_SCALE_KEY, CPU_SCALE_KEY, WAKE_COST_KEY, CLIENT_KEY, HOST_CPU_KEY, HOST_CPUS_KEY,
+                OTHERS_KEY)
+"""The ``meta`` keys of one number each that a calibration writes (:func:`check_meta`)."""
 
 HOST_BUSY_WARN = 0.85
 """Host utilisation at the predicted throughput above which a load prediction says it is less certain."""
@@ -2001,7 +2025,7 @@ def _background(
     ``served_hidden`` (under a CPU neighbour, where that work stays in the calls' waits and is stretched there),
     it is queued with the background as well, as the CPU probes' model was fitted with it.
     """
-    amounts = [float(g.meta.get(BACKGROUND_KEY, 0.0) or 0.0) for g in graphs]
+    amounts = [_meta_number(g, BACKGROUND_KEY) or 0.0 for g in graphs]
     demand = max(amounts, default=0.0)
     total = sum(weights)
     if not served_hidden and total > 0 and any(BACKGROUND_KEY in g.meta for g in graphs):

@@ -57,7 +57,7 @@ from analyzer.distribution import (
 from analyzer.errors import GraphError, ProfileError, ScenarioError
 from analyzer.graph import CausalGraph, Node, NodeKind
 from analyzer.interference import cpu_slowdown, stretch_profile
-from analyzer.loadsim import WAIT_SCALE_KEY, Queueing
+from analyzer.loadsim import WAIT_SCALE_KEY, Queueing, check_meta
 from analyzer.scenario import (
     Failure,
     Interference,
@@ -241,6 +241,7 @@ def predict(
     for graph in graphs:
         if graph not in _COMPILED:  # validated when first compiled
             graph.validate()
+        check_meta(graph)
     check_resources(scenario, graphs)
     scenario, pool_note = _with_observed_pools(scenario, graphs)
     if store is not None:

@@ -67,7 +67,7 @@ def whatif(
         scenarios += load_scenarios(scenarios_file)
     if not scenarios:
         raise click.UsageError("give at least one --scenario SPEC or a --scenarios FILE")
-    graphs = select_routes(load_graphs(graphs_file), routes)
+    graphs = select_routes(_checked(graphs_file, load_graphs(graphs_file)), routes)
     store = None
     if profiles_file is not None:
         if not profiles_file.is_file():
@@ -220,6 +220,20 @@ def compare(predicted: Path, measured: tuple[Path, ...], route: str | None, scen
     if apart is not None:
         console.print(f"rounds apart (each against the others): KS D {apart.ks_d:.4f}   median {apart.median:.4f}"
                       f"   sampling alone: KS D {apart.sampling_ks_d:.4f}   median {apart.sampling_median:.4f}")
+
+
+def _checked(path: Path, graphs: list[Any]) -> list[Any]:
+    """``graphs`` read from ``path``, their calibration's meta checked (:func:`analyzer.loadsim.check_meta`): a
+    bad value is named with the file and the graph's place in it."""
+    from analyzer.errors import GraphError, GraphFileError
+    from analyzer.loadsim import check_meta
+
+    for i, graph in enumerate(graphs):
+        try:
+            check_meta(graph)
+        except GraphError as exc:
+            raise GraphFileError(path, None, f"graphs[{i}].meta", str(exc)) from None
+    return graphs
 
 
 def _fraction(text: str) -> float:

@@ -19,6 +19,7 @@ from spanfactory import Trace, write
 from analyzer.build import build_graphs
 from analyzer.graph import CausalGraph, Node, NodeKind, dump_graphs, load_graphs
 from analyzer.distribution import compile_dag
+from analyzer.errors import GraphError
 from analyzer.loadsim import (
     BACKGROUND_KEY,
     CLIENT_KEY,
@@ -758,6 +759,17 @@ def test_the_host_cores_without_the_loops_demand_from_the_levels() -> None:
     bad = CausalGraph(g.route, g.nodes, list(g.dag.edges), meta={OTHERS_LEVELS_KEY: [{"users": 1}]})
     with pytest.raises(ValueError, match="'GET /': meta 'others_levels' must be a list of"):
         mean_latency([bad], "load:4")
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), "0.2", True])
+def test_a_calibration_value_that_makes_no_sense_is_an_error(value: object) -> None:
+    g = chain("GET /", compute("c", 1.0), io("x", 4.0))
+    bad = CausalGraph(g.route, g.nodes, list(g.dag.edges), meta={WAKE_COST_KEY: value})
+    with pytest.raises(GraphError, match=r"graph 'GET /' \(variant 0\): meta 'wake_cost_ms' must be a finite number"):
+        predict([bad], "load:4", samples=50, rng=rng())
+    # 0 is a value a calibration writes: no cost
+    zero = CausalGraph(g.route, g.nodes, list(g.dag.edges), meta={WAKE_COST_KEY: 0})
+    assert mean_latency([zero], "load:4") == pytest.approx(mean_latency([g], "load:4"))
 
 
 def sqlite_call(node_id: str, ms: float, count: int = 20) -> Node:

@@ -123,6 +123,19 @@ def test_bad_graphs_file(tmp_path: Path) -> None:
     assert code == 1 and "GraphFileError" in out and "graphs[0]" in out
 
 
+@pytest.mark.parametrize(("key", "value"), [("wake_cost_ms", -0.2), ("cpu_scale", "fast"),
+                                            ("others_levels", [{"users": 1}])])
+def test_a_bad_calibration_in_the_graphs_file_is_named(graphs_file: Path, tmp_path: Path, key: str,
+                                                       value: object) -> None:
+    # a hand-edited calibration value is an error naming the file, the graph and the key, not a silent default
+    doc = json.loads(graphs_file.read_text())
+    doc["graphs"][0].setdefault("meta", {})[key] = value
+    bad = tmp_path / "g.json"
+    bad.write_text(json.dumps(doc))
+    code, out = run(str(bad), "-s", "load:2")
+    assert code == 1 and f"{bad}: field 'graphs[0].meta'" in out and f"meta '{key}'" in out, out
+
+
 def test_needs_a_scenario(graphs_file: Path) -> None:
     code, out = run(str(graphs_file))
     assert code == 2 and "--scenario" in out
