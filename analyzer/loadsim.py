@@ -1846,8 +1846,10 @@ def calibrate(
     loop_levels
         False: the levels give the host's other processes' CPU only, and a load prediction prices the loop's
         demand from the light run, wake-ups included (:func:`fit_wake_cost` fits what one costs to the levels'
-        loop demand). The balancer of the example's failure case shares the host's two cores with the app and
-        its backends: without the cores simulated, its pages came out 3.5-8.3 ms low (``docs/accuracy.md``).
+        loop demand). On a machine whose loop waited longer for a core the busier the host (the fitted cost 0),
+        the example's failure case, whose balancer shares the host's two cores with the app and its backends,
+        came out 16.0 and 11.0 ms low on its two pages without the cores, 3.5 and 3.6 ms low with them
+        (``docs/accuracy.md``, run 116).
     """
     if client_ms is not None:
         bad = {r: x for r, x in client_ms.items() if not (np.isfinite(x) and x >= 0)}
