@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -33,15 +32,14 @@ from replayer.groundtruth import (
     pooled_levels,
     pooled_light,
     preempted_s,
+    reachable,
     route_of,
 )
 
 
 def _refused(url: str) -> bool:
     parts = urlsplit(url)
-    with socket.socket() as s:
-        s.settimeout(1.0)
-        return s.connect_ex((parts.hostname or "127.0.0.1", parts.port or 80)) != 0
+    return not reachable(parts.hostname or "127.0.0.1", parts.port or 80)
 
 
 class TestRouteOf:
