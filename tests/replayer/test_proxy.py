@@ -81,6 +81,41 @@ async def test_the_proxy_learns_how_late_it_wakes() -> None:
     assert abs(applied - 10) < 0.5  # a few late wake-ups on a busy machine move a mean of 60 chunks
 
 
+async def test_a_delayed_chunk_keeps_what_forwarding_costs_at_0_ms() -> None:
+    # a baseline through the proxy at 0 ms holds its forwarding (the reader's wake-up, the hand-over between
+    # threads); a longer wire would not take it away, so the delayed chunks wait for it on top of the delay
+    server = await _echo_server()
+    port = server.sockets[0].getsockname()[1]
+    async with LatencyProxy([Upstream("127.0.0.1", port)]) as proxy:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        for _ in range(5):
+            writer.write(b"ping\n")
+            await writer.drain()
+            await reader.readexactly(5)
+        learnt = proxy._forwarding_median_s
+        assert 0 < learnt < 0.005  # the undelayed chunks' median forwarding time
+        proxy._forwarding_median_s = 0.004  # as if forwarding at 0 ms took 4 ms each way
+        proxy.delay_ms = 10
+        start = time.perf_counter()
+        writer.write(b"ping\n")
+        await writer.drain()
+        await reader.readexactly(5)
+        elapsed = time.perf_counter() - start
+        writer.close()
+    server.close()
+    assert elapsed >= 0.010 + 2 * 0.004 * 0.95
+
+
+async def test_a_proxy_started_with_its_delay_on_knows_its_forwarding_at_0_ms() -> None:
+    # a scenario measured in a deployment of its own never sends an undelayed chunk: the proxy forwards a few
+    # to itself at start
+    async with LatencyProxy([Upstream("127.0.0.1", 9)], delay_ms=10) as proxy:
+        assert len(proxy._forwarding) == 16
+        assert 0 < proxy._forwarding_median_s < 0.005
+        assert proxy.connections == 0  # the probe is not a client
+        assert proxy.applied_delay_ms() == 10  # nor a delayed chunk
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
 def test_a_chunk_is_timed_from_when_the_kernel_received_it_not_from_when_it_was_read() -> None:
     # a reader thread that wakes late must not lengthen the delay: the chunk is due from its arrival
