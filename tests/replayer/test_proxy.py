@@ -24,13 +24,17 @@ async def _echo_server() -> asyncio.Server:
     return await asyncio.start_server(handle, "127.0.0.1", 0)
 
 
+async def _ping(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"ping\n")
+    await writer.drain()
+    await reader.readexactly(5)
+
+
 async def _round_trip(port: int, rounds: int) -> float:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     start = time.perf_counter()
     for _ in range(rounds):
-        writer.write(b"ping\n")
-        await writer.drain()
-        await reader.readexactly(5)
+        await _ping(reader, writer)
     elapsed = time.perf_counter() - start
     writer.close()
     return elapsed
@@ -89,17 +93,13 @@ async def test_a_delayed_chunk_keeps_what_forwarding_costs_at_0_ms() -> None:
     async with LatencyProxy([Upstream("127.0.0.1", port)]) as proxy:
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
         for _ in range(5):
-            writer.write(b"ping\n")
-            await writer.drain()
-            await reader.readexactly(5)
+            await _ping(reader, writer)
         learnt = proxy._forwarding_median_s
         assert 0 < learnt < 0.005  # the undelayed chunks' median forwarding time
         proxy._forwarding_median_s = 0.004  # as if forwarding at 0 ms took 4 ms each way
         proxy.delay_ms = 10
         start = time.perf_counter()
-        writer.write(b"ping\n")
-        await writer.drain()
-        await reader.readexactly(5)
+        await _ping(reader, writer)
         elapsed = time.perf_counter() - start
         writer.close()
     server.close()
@@ -151,9 +151,7 @@ async def test_delay_switched_on_and_off_on_an_open_connection() -> None:
     async def trips(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, n: int) -> float:
         start = time.perf_counter()
         for _ in range(n):
-            writer.write(b"ping\n")
-            await writer.drain()
-            await reader.readexactly(5)
+            await _ping(reader, writer)
         return (time.perf_counter() - start) / n
 
     async with LatencyProxy([Upstream("127.0.0.1", port)]) as proxy:
