@@ -230,7 +230,10 @@ class LatencyProxy:
                 sender.sendall(b"probe")
                 got = 0
                 while got < 5:
-                    got += len(receiver.recv(64)) or 5
+                    data = receiver.recv(64)
+                    if not data:
+                        raise OSError("the probe's connection closed")
+                    got += len(data)
                 time.sleep(0.0005)
             sender.shutdown(socket.SHUT_WR)
             done.wait(timeout=5)
@@ -285,18 +288,13 @@ class LatencyProxy:
                         # is the delay asked for on average (the start-up estimate left round trips through a
                         # 10 ms proxy 0.06-0.07 ms long, a third of a post page's spread about its median)
                         self._overshoot_s = max(self._overshoot_s + _LATE_GAIN * late, 0.0)
-            elif chunk:
-                with self._late_lock:
-                    self._forwarding.append(time.monotonic() - due)
-                    self._forwarded += 1
-                    if self._forwarded % _FORWARDING_EVERY == 1 or self._forwarded < _FORWARDING_EVERY:
-                        self._forwarding_median_s = statistics.median(self._forwarding)
             if not chunk:
                 try:
                     dst.shutdown(socket.SHUT_WR)
                 except OSError:
                     pass
                 return
+            forwarded_s = time.monotonic() - due
             try:
                 dst.sendall(chunk)
             except OSError:
@@ -304,6 +302,16 @@ class LatencyProxy:
                 while chunks.get()[2]:
                     pass
                 return
+            if delay_s == 0:
+                self._learn_forwarding(forwarded_s)  # once sent: the chunk does not wait for the bookkeeping
+
+    def _learn_forwarding(self, seconds: float) -> None:
+        """Keep an undelayed chunk's time from arrival to release; update the median every few chunks."""
+        with self._late_lock:
+            self._forwarding.append(seconds)
+            self._forwarded += 1
+            if self._forwarded % _FORWARDING_EVERY == 1 or self._forwarded < _FORWARDING_EVERY:
+                self._forwarding_median_s = statistics.median(self._forwarding)
 
 
 _FORWARDING_KEPT = 256
