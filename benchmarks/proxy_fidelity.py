@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=262144, help="the blobs' bytes of the bulk figure (default 256 KiB)")
     p.add_argument("--requests", type=int, default=300, help="measured index and post pages a side (default 300)")
     ns = p.parse_args(argv)
+    if ns.delay <= 0 or ns.trips < 60 or ns.size < 1 or ns.requests < 4:
+        p.error(f"need --delay > 0 (got {ns.delay:g}), --trips >= 60 (got {ns.trips}), --size >= 1 (got {ns.size}) "
+                f"and --requests >= 4 (got {ns.requests})")
     got = asyncio.run(round_trips(ns.delay, ns.trips))
     for key, ms in got.items():
         q = statistics.quantiles(ms, n=10)
