@@ -13,7 +13,7 @@ Steps, per scenario (docs/demo.md and docs/accuracy.md say why each choice):
    hog, the blob service's stored blobs before each request the load client asks it about), ``--requests``
    measured requests a side in ``--blocks`` runs of the client. Load and failure: ``--rounds`` baseline runs
    (the app under the collector, one user), then the light runs that calibrate the prediction (one user) and
-   the loaded runs (users, a failed replica behind a balancer) taking turns in one deployment without the
+   the loaded runs (users, one of two replicas sharing a port stopped) taking turns in one deployment without the
    collector (``measure_loaded``), each light run followed by short runs at a quarter and a half of the users
    per loop (``LOAD_LEVELS``): the ``(levels)`` rows take the loop's demand and the host's CPU for the load from
    them (``analyzer.loadsim.calibrate``'s ``levels``: MVASD's load-varying demands, and the host's cores
@@ -381,7 +381,7 @@ def _predict_by_round(spec: str, bases: list[GroundTruth], lights: list[GroundTr
         problems: list[str] = []
         graphs = [g for g in build_graphs(_window_requests(base), problems=problems) if g.route in ROUTES]
         # the levels' loop demand for "levels"; for "wake" their host readings (the cores the loop shares with
-        # the backends, the load client and a balancer), the loop's demand from the light run and a wake-up's cost
+        # the backends and the load client), the loop's demand from the light run and a wake-up's cost
         graphs, calibration = _calibrated(graphs, [light if how != "one user" else replace(light, levels=())],
                                           [base], loop_levels=how == "levels")
         rounds.append((graphs, f"round {k + 1}: {calibration}"

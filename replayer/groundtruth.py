@@ -11,7 +11,7 @@ location       a :class:`~replayer.proxy.LatencyProxy` in front of the blob serv
 load           the load client's closed loop with ``users`` concurrent users
 interference   a :class:`~replayer.hog.CpuHog` taking ``cpu_pct`` % of every core
 size           the app's ``--payload-bytes``: every blob it fetches is that big
-failure        ``app_replicas`` app processes behind a LatencyProxy balancer, one stopped and marked down
+failure        ``app_replicas`` app processes sharing one port (the kernel balances them), one stopped
 ============== ===============================================================================================
 
 The deployment: the blob service (``python -m examples.forum.blobs``, blobs, the key-value cache, ads and
@@ -133,9 +133,11 @@ class Applied:
     payload_bytes: int | None = None
     """Blob size instead of the setup's."""
     app_replicas: int = 1
-    """App processes behind a balancer (more than 1 puts the balancer in front of them)."""
+    """App processes sharing one listening port (``--reuse-port``: the kernel's ``SO_REUSEPORT`` spreads the
+    connections over them)."""
     failed_replicas: int = 0
-    """App replicas stopped and marked down at the balancer before the load starts."""
+    """App replicas stopped before the load starts: their sockets leave the port's group, and the kernel sends
+    every connection to the others."""
 
     def __post_init__(self) -> None:
         for name, ms in self.added_ms:
@@ -363,9 +365,6 @@ class _ProxyLoop:
         self.proxies.append(proxy)
         return proxy
 
-    def mark_down(self, proxy: LatencyProxy, index: int) -> None:
-        self.loop.call_soon_threadsafe(proxy.down.add, index)
-
     def close(self) -> None:
         async def stop_all() -> None:
             for proxy in self.proxies:
@@ -413,7 +412,7 @@ class Deployment:
     """A running deployment (from :func:`deploy`)."""
 
     url: str
-    """Where the load goes: the app, or the balancer in front of its replicas."""
+    """Where the load goes: the app (the port its replicas share)."""
     blob_url: str
     """The blob service as the app reaches it (through the ``blob`` proxy)."""
     resources: Mapping[Resource, str]
@@ -429,8 +428,6 @@ class Deployment:
     app_cpus: frozenset[int] = frozenset()
     """The cores the app is pinned to (``ForumSetup.pin``; empty: not pinned). A noisy neighbour of the app
     goes there."""
-    app_urls: tuple[str, ...] = ()
-    """The serving app replicas themselves, not through the balancer (same order as ``app_pids``)."""
 
 
 BLOB_NAME = "blob"
@@ -517,7 +514,7 @@ def deploy(
         blob_proxy = by_resource["blob"] = proxies.start([_upstream(blob_url, "blob service")], delays.get("blob", 0.0))
         resources["blob"] = blob_proxy.address
         app_args = [
-            "--port", "0", "--blob-url", f"http://{blob_proxy.address}",
+            "--blob-url", f"http://{blob_proxy.address}",
             "--replica-url", blob_url, "--replica-url", blob_url,
             "--payload-bytes", str(applied.payload_bytes if applied.payload_bytes is not None
                                    else setup.payload_bytes),
@@ -530,9 +527,15 @@ def deploy(
                 resources[name] = proxy.address
                 app_args += [flag, _via(url, proxy)]
         spans_files = _spans_files(spans, applied.app_replicas)
-        app_urls = []
+        app_urls: list[str] = []
         for r in range(applied.app_replicas):
-            which = f" (replica {r + 1} of {applied.app_replicas})" if applied.app_replicas > 1 else ""
+            which, port = "", ["--port", "0"]
+            if applied.app_replicas > 1:
+                which = f" (replica {r + 1} of {applied.app_replicas})"
+                # Replicas share one port and the kernel balances them (SO_REUSEPORT): a balancer of threads
+                # in this process cost 0.8 ms of the post page's median and 2.7 of the index page's at 8 users
+                # on one replica, and 5% of the throughput, beside the app on the same two cores
+                port = ["--port", str(urlsplit(app_urls[0]).port if app_urls else 0), "--reuse-port"]
             step(f"starting the app{which}{' under the collector' if spans_files else ''}")
             env = None
             pass_fds: tuple[int, ...] = ()
@@ -550,7 +553,7 @@ def deploy(
                 pass_fds = pipes[-1].child_env(env)
             pin = ["taskset", "-c", ",".join(map(str, sorted(app_cpus)))] if app_cpus else []
             try:
-                app = _Process(f"app{r}", [*pin, sys.executable, "-m", "examples.forum", *app_args], logs, env,
+                app = _Process(f"app{r}", [*pin, sys.executable, "-m", "examples.forum", *port, *app_args], logs, env,
                                pass_fds)
             finally:
                 if pass_fds:
@@ -558,20 +561,15 @@ def deploy(
             processes.append(app)
             app_urls.append(app.wait_listening())
         url = app_urls[0]
-        if applied.app_replicas > 1:
-            balancer = proxies.start([_upstream(u, "app") for u in app_urls], 0.0)
-            for r in range(applied.failed_replicas):
-                step(f"stopping app replica {applied.app_replicas - r} and marking it down at the balancer")
-                proxies.mark_down(balancer, applied.app_replicas - 1 - r)
-                processes[-1 - r].stop()
-            url = f"http://{balancer.address}"
+        for r in range(applied.failed_replicas):
+            step(f"stopping app replica {applied.app_replicas - r}: the kernel sends its connections to the others")
+            processes[-1 - r].stop()
         if applied.cpu_pct > 0:
             step(f"starting a noisy neighbour taking {applied.cpu_pct:g} % of each core")
             stack.enter_context(CpuHog(applied.cpu_pct, cpus=frozenset(app_cpus)))
-        serving = [(p.proc.pid, u) for p, u in zip(processes[1:], app_urls, strict=True) if p.proc.poll() is None]
-        yield Deployment(url, f"http://{blob_proxy.address}", resources, tuple(spans_files), by_resource,
-                         tuple(pid for pid, _ in serving), blob_url, frozenset(app_cpus),
-                         tuple(u for _, u in serving))
+        serving = tuple(p.proc.pid for p in processes[1:] if p.proc.poll() is None)
+        yield Deployment(url, f"http://{blob_proxy.address}", resources, tuple(spans_files), by_resource, serving,
+                         blob_url, frozenset(app_cpus))
         step("stopping")
 
 
@@ -639,9 +637,8 @@ def measure_loaded(
 ) -> tuple[list[GroundTruth], list[GroundTruth]]:
     """One user and ``users`` users taking turns in one deployment of the app without the collector.
 
-    ``blocks`` pairs of a light phase (one user, ``light_requests`` measured requests, sent to a serving app
-    replica itself: today's deployment has no balancer) and a loaded phase (``users`` users through the
-    deployment's front, ``requests`` measured after ``warmup_requests``), the two in a random order in each
+    ``blocks`` pairs of a light phase (one user, ``light_requests`` measured requests) and a loaded phase
+    (``users`` users, ``requests`` measured after ``warmup_requests``), both to the serving replicas' port, the two in a random order in each
     pair (seeded by ``setup.seed``). Returns (the light phases, the loaded phases), one :class:`GroundTruth`
     each, client-side: the light phases calibrate a prediction of the loaded ones
     (``analyzer.loadsim.calibrate``), and this machine's speed drifts by more between two deployments a minute
@@ -670,7 +667,7 @@ def measure_loaded(
                 step(f"block {k + 1} of {blocks}: " + (f"{users} users, {requests} requests" if loaded else
                                                        f"1 user, {light_requests} requests"
                                                        + "".join(f", then {n} users" for n in sorted(levels))))
-                result, window, cpu = _load(d.url if loaded else d.app_urls[0], users if loaded else 1,
+                result, window, cpu = _load(d.url, users if loaded else 1,
                                             requests if loaded else light_requests, max_duration_s,
                                             warmup_requests if loaded else min(warmup_requests, 5), paths, seed,
                                             d.app_pids)
@@ -680,7 +677,7 @@ def measure_loaded(
                     continue
                 measured = []
                 for n in sorted(levels):
-                    at = _truth(d, n, *_load(d.app_urls[0], n, level_requests, max_duration_s,
+                    at = _truth(d, n, *_load(d.url, n, level_requests, max_duration_s,
                                              min(warmup_requests, 5), paths, seed, d.app_pids), {}, [])
                     count = sum(len(v) for v in at.client_ms.values())
                     measured.append(LoopLevel(n, at.loop_cpu_ms, at.loop_preempted_ms, count, at.throughput_rps,

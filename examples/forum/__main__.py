@@ -18,7 +18,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Parse the arguments and serve until signalled."""
     config = parse_config(argv)
     try:
-        asyncio.run(serve_until_signalled(build_app(config), config.host, config.port))
+        asyncio.run(serve_until_signalled(build_app(config), config.host, config.port, config.reuse_port))
     except OSError as exc:  # a busy port, an unreachable database: one line, not a traceback
         sys.exit(f"forum: {exc}")
 

@@ -19,6 +19,8 @@ class ForumConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     """0 picks a free port; the ``listening on`` line shows the real one."""
+    reuse_port: bool = False
+    """Share the port with other processes that ask too (``SO_REUSEPORT``): replicas the kernel balances."""
     redis_url: str | None = None
     """Redis used as the page cache; ``None`` uses the blob service's key-value API."""
     postgres_url: str | None = None
@@ -78,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m examples.forum", description="A small asyncio forum app.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_non_negative_int, default=8080, help="0 picks a free port")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="share the port with other replicas started so (SO_REUSEPORT: the kernel balances them)")
     p.add_argument("--redis", dest="redis_url", metavar="URL", help="Redis URL for the page cache")
     p.add_argument("--postgres", dest="postgres_url", metavar="URL", help="PostgreSQL URL (tables forum_*)")
     p.add_argument("--blob-url", metavar="URL", help="blob service base URL (default: embedded)")

@@ -263,3 +263,32 @@ async def test_command_lines_announce_the_real_port_and_stop_on_sigint() -> None
         if app is not None:
             assert _stop(app) == 0
         assert _stop(blob) == 0
+
+
+async def test_replicas_started_with_reuse_port_share_the_port_and_the_connections() -> None:
+    import psutil
+
+    blob, blob_url = _spawn("examples.forum.blobs", "--port", "0", "--payload-bytes", "64")
+    apps: list[subprocess.Popen[str]] = []
+    try:
+        common = ("--seed-posts", "30", "--blob-url", blob_url, "--cache-ttl-ms", "0", "--render-scale", "3")
+        app, url = _spawn("examples.forum", "--port", "0", "--reuse-port", *common)
+        apps.append(app)
+        port = url.rsplit(":", 1)[1]
+        app2, url2 = _spawn("examples.forum", "--port", port, "--reuse-port", *common)  # no EADDRINUSE
+        apps.append(app2)
+        assert url2 == url
+        cpu = [psutil.Process(p.pid).cpu_times() for p in apps]
+        for _ in range(40):  # a new connection each: the kernel picks a replica per connection
+            async with aiohttp.ClientSession() as session, session.get(f"{url}/") as resp:
+                assert resp.status == 200
+        grew = [sum(psutil.Process(p.pid).cpu_times()[:2]) - sum(c[:2]) for p, c in zip(apps, cpu, strict=True)]
+        assert all(g > 0 for g in grew), grew  # both served some (one alone: 2^-39)
+        assert _stop(apps.pop()) == 0
+        for _ in range(10):  # the stopped one's socket left the group: nothing is refused
+            async with aiohttp.ClientSession() as session, session.get(f"{url}/") as resp:
+                assert resp.status == 200
+    finally:
+        for app in apps:
+            _stop(app)
+        assert _stop(blob) == 0

@@ -361,7 +361,7 @@ def test_failure_routes_all_load_to_the_surviving_replica() -> None:
     # 60 requests: enough CPU (about 1-2 ms each) to show in the kernel's 10 ms accounting ticks
     truth = measure(ForumSetup(seed=6), Applied(app_replicas=2, failed_replicas=1), users=2, requests=60,
                     warmup_requests=2, paths=("/post/{n}",))
-    # replica 2 is stopped: had the balancer still sent connections to it, they would have failed
+    # replica 2 is stopped: had the kernel still sent connections to its socket, they would have failed
     assert truth.errors == 0 and len(truth.client_ms["GET /post/{id}"]) == 60
     assert truth.app_cpu_ms[0] > 0  # the surviving replica's CPU (the stopped one is not counted)
 
