@@ -3,7 +3,9 @@
 ``perfcast profile --cpu 50`` runs, for each neighbour level ``P`` and each work size ``W``, probes that do
 what an event loop's step does: sleep (the loop idle until an answer arrives), wake up, run ``W`` ms of
 pure-Python CPU work. A sample is the time from when the probe asked to wake up to when the work is done, so
-the scheduler's wake-up latency is in it. The number of loop iterations that makes ``W`` ms is calibrated
+the scheduler's wake-up latency is in it. The sleeps come in classes (:data:`GAP_CLASSES_MS`), each work size
+probed in each class and stored as a profile of its own: what a neighbour adds to a short step depends on how
+long the loop slept before it (``analyzer.interference``). The number of loop iterations that makes ``W`` ms is calibrated
 first, with no neighbour running (the fastest of several tries).
 
 The probe runs on one core and the neighbour (``neighbour(P, cores)``, a context manager:
@@ -16,6 +18,7 @@ stored as soon as it is measured, under the api ``cpu <W>ms``, parameterised by 
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import time
@@ -30,7 +33,7 @@ from analyzer.interference import cpu_api
 from analyzer.profiles import ProfileKey, ProfileStore
 from analyzer.profiling import Measurement, Progress, ProfilingError, StopRule, relative_standard_error
 
-__all__ = ["DEFAULT_WORK_MS", "Neighbour", "Pausable", "calibrate", "iterations_per_ms", "profile_cpu"]
+__all__ = ["DEFAULT_WORK_MS", "GAP_CLASSES_MS", "Neighbour", "Pausable", "calibrate", "iterations_per_ms", "profile_cpu"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -47,8 +50,11 @@ Neighbour = Callable[[float, frozenset[int]], AbstractContextManager[Pausable]]
 DEFAULT_WORK_MS = (0.05, 0.2, 1.0, 5.0)
 """Work sizes probed by default: an event loop's steps are mostly 0.05-1 ms of CPU."""
 
-_GAP_MS = (0.5, 5.0)
-"""A probe sleeps a uniform draw from this range first: the waits between an event loop's steps."""
+GAP_CLASSES_MS: tuple[tuple[float, float], ...] = ((0.02, 0.18), (0.2, 1.0), (1.0, 5.0))
+"""The ranges a probe's sleep is drawn from (uniformly), one profile per range, named by its mean (0.1, 0.6 and 3
+ms): an event loop's waits between steps, from a cache's or a database's answer a few tenths of a millisecond
+away to a slow service's. A 0.2 ms probe under a 50% neighbour gained 0.09-0.16 ms on average after sleeps of
+0.05-0.2 ms and 0.44-0.45 ms after sleeps of 2-5 ms; a 1 ms probe 0.41-0.56 ms after any."""
 
 _START_S = 0.5
 """Time for a neighbour's processes to start before probing."""
@@ -89,9 +95,10 @@ def _timed(n: int) -> float:
     return time.perf_counter() - t0
 
 
-def _probe(iterations: int, rng: np.random.Generator) -> float:
-    """One sample (ms): from the wake-up asked for to the end of the work."""
-    gap = rng.uniform(*_GAP_MS) / 1e3
+def _probe(iterations: int, rng: np.random.Generator, gaps: tuple[float, float]) -> float:
+    """One sample (ms): from the wake-up asked for, after a sleep drawn from ``gaps`` (ms), to the end of the
+    work."""
+    gap = rng.uniform(*gaps) / 1e3
     due = time.perf_counter() + gap
     time.sleep(gap)
     _spin(iterations)
@@ -106,7 +113,7 @@ def _one_core() -> frozenset[int]:
 
 
 def _paired(iterations: int, neighbour: Pausable, rule: StopRule, rng: np.random.Generator,
-            progress: Progress | None) -> tuple[FloatArray, FloatArray, str]:
+            progress: Progress | None, gaps: tuple[float, float]) -> tuple[FloatArray, FloatArray, str]:
     """(samples with the neighbour running, samples with it paused, why it stopped), in alternating blocks.
 
     A shared machine's speed drifts by up to 2x within seconds; blocks of ``_BLOCK_S`` with and without the
@@ -124,7 +131,7 @@ def _paired(iterations: int, neighbour: Pausable, rule: StopRule, rng: np.random
                 neighbour.pause()
             end = time.monotonic() + _BLOCK_S
             while time.monotonic() < end and len(bucket) < rule.max_count:
-                bucket.append(_probe(iterations, rng))
+                bucket.append(_probe(iterations, rng, gaps))
         worst = max(relative_standard_error(on), relative_standard_error(off))
         if progress is not None:
             progress(min(len(on), len(off)), worst, time.monotonic() - began)
@@ -143,6 +150,7 @@ def profile_cpu(
     neighbour: Neighbour,
     *,
     work_ms: Sequence[float] = DEFAULT_WORK_MS,
+    gap_classes: Sequence[tuple[float, float]] = GAP_CLASSES_MS,
     labels: Mapping[str, str] | None = None,
     rule: StopRule = StopRule(),
     store: ProfileStore | None = None,
@@ -150,14 +158,17 @@ def profile_cpu(
     note: str = "",
     seed: int | None = None,
 ) -> list[Measurement]:
-    """Probe every work size at every neighbour level; store each point as soon as it is measured.
+    """Probe every work size after sleeps of every class at every neighbour level; store each point as soon as
+    it is measured (api ``cpu <W>ms gap <G>ms``, ``G`` the class's mean sleep).
 
     Each level's samples are paired with samples taken with the neighbour paused, in alternating blocks
-    (:func:`_paired`), stored under ``cpu_pct=0``. ``rule.budget_s`` applies to each (level, work size).
-    Returns the measurements: per level and work size, the loaded one then the idle one.
+    (:func:`_paired`), stored under ``cpu_pct=0``. ``rule.budget_s`` applies to each (level, work size, gap
+    class). Returns the measurements: per level, work size and gap class, the loaded one then the idle one.
     """
     if not work_ms:
         raise ProfilingError("--work: give at least one work size")
+    if not gap_classes or any(not 0 <= lo < hi for lo, hi in gap_classes):
+        raise ProfilingError(f"gap classes must be ranges 0 <= low < high (ms), got {list(gap_classes)}")
     if not levels:
         raise ProfilingError("--cpu: give at least one neighbour level")
     for p in levels:
@@ -176,11 +187,12 @@ def profile_cpu(
         for level in sorted(set(map(float, levels))):
             with neighbour(level, core) as busy:
                 time.sleep(_START_S)
-                for w, n in iterations.items():
-                    key = ProfileKey.make(cpu_api(w), resource, labels or {}, "cpu_pct", level)
-                    idle = ProfileKey.make(cpu_api(w), resource, labels or {}, "cpu_pct", 0.0)
+                for (w, n), (lo, hi) in itertools.product(iterations.items(), gap_classes):
+                    api = cpu_api(w, round((lo + hi) / 2, 6))
+                    key = ProfileKey.make(api, resource, labels or {}, "cpu_pct", level)
+                    idle = ProfileKey.make(api, resource, labels or {}, "cpu_pct", 0.0)
                     began = time.monotonic()
-                    on, off, why = _paired(n, busy, rule, rng, progress(key) if progress else None)
+                    on, off, why = _paired(n, busy, rule, rng, progress(key) if progress else None, (lo, hi))
                     elapsed = time.monotonic() - began
                     for k, samples in ((key, on), (idle, off)):
                         if store is not None:

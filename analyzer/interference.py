@@ -27,6 +27,17 @@ on its own, as the probes measured it. ``t`` is when the spell starts as predict
 added to the work before it: a spell that waited out the neighbour's busy time is followed by spells that
 meet its idle time.
 
+How long the loop slept before a spell matters as much as how long the spell works. A 0.2 ms probe under a 50%
+neighbour gained 0.09-0.16 ms on average after a sleep of 0.05-0.2 ms and 0.44-0.45 ms after one of 2-5 ms (on
+the machine of runs 125-126, ``docs/accuracy.md``): a task that slept briefly wakes with its claim on the core
+intact and preempts the neighbour, one that slept long finds the neighbour's slice under way. An event loop's
+gaps between steps are mostly the short ones (a database's answer a few tenths of a millisecond away), where
+probes that slept 0.5-5 ms charged every spell the long gaps' extra. So the probes sleep in classes of gap
+(:data:`analyzer.cpuprobe.GAP_CLASSES_MS`), each class a profile of its own (api ``cpu <W>ms gap <G>ms``, ``G``
+the class's mean sleep), and a spell takes the extra at the loop's idle gap before it, linear between the
+classes' means and the nearest class's outside them (:meth:`StretchProfile.at`). A store probed before the
+classes (api ``cpu <W>ms``, sleeps of 0.5-5 ms) still gives one profile for every gap.
+
 A work size is what the probes' work took with the neighbour paused, not its calibration: a shared machine's
 speed drifts by a fifth from one half second to the next (the probes' CPU time with it), and a neighbour's
 extra is time shared, so a probe run while the machine was slow measures, for a nominal ``W``, the extra of a
@@ -50,8 +61,8 @@ import numpy.typing as npt
 
 from analyzer.errors import ScenarioError
 
-__all__ = ["CPU_SYSTEM", "PERIOD_MS", "StretchProfile", "cpu_api", "cpu_slowdown", "extra_ms", "phase_quantiles",
-           "probe_speed", "stretch_profile", "work_of"]
+__all__ = ["CPU_SYSTEM", "PERIOD_MS", "StretchProfile", "cpu_api", "cpu_slowdown", "extra_ms", "gap_of",
+           "phase_quantiles", "probe_speed", "stretch_profile", "work_of"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -64,22 +75,29 @@ _GRID = 200
 PERIOD_MS = 10.0
 """The neighbour's rhythm: :class:`replayer.hog.CpuHog` (the probes' neighbour) is busy ``P`` % of every 10 ms."""
 
-_API = re.compile(r"^cpu (\d+(?:\.\d+)?)ms$")
+_API = re.compile(r"^cpu (\d+(?:\.\d+)?)ms(?: gap (\d+(?:\.\d+)?)ms)?$")
 
 
-def cpu_api(work_ms: float) -> str:
-    """The api of a probe of ``work_ms`` of CPU work.
+def cpu_api(work_ms: float, gap_ms: float | None = None) -> str:
+    """The api of a probe of ``work_ms`` of CPU work after sleeps of mean ``gap_ms`` (None: the one mix of
+    sleeps of stores probed before gap classes).
 
-    >>> cpu_api(0.25), work_of(cpu_api(0.25))
-    ('cpu 0.25ms', 0.25)
+    >>> cpu_api(0.25), work_of(cpu_api(0.25)), cpu_api(0.2, 0.6), gap_of(cpu_api(0.2, 0.6)), gap_of("cpu 1ms")
+    ('cpu 0.25ms', 0.25, 'cpu 0.2ms gap 0.6ms', 0.6, None)
     """
-    return f"{CPU_SYSTEM} {work_ms:g}ms"
+    return f"{CPU_SYSTEM} {work_ms:g}ms" + (f" gap {gap_ms:g}ms" if gap_ms is not None else "")
 
 
 def work_of(api: str) -> float | None:
     """The work size of a probe's api, or None for any other api."""
     m = _API.match(api)
     return float(m.group(1)) if m else None
+
+
+def gap_of(api: str) -> float | None:
+    """The mean sleep before the work of a probe's api, or None (no gap class, or not a probe's api)."""
+    m = _API.match(api)
+    return float(m.group(2)) if m and m.group(2) else None
 
 
 def cpu_slowdown(cpu_pct: float) -> float:
@@ -103,33 +121,56 @@ def cpu_slowdown(cpu_pct: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class StretchProfile:
-    """What a neighbour at one ``cpu_pct`` adds to CPU work, per measured work size."""
+    """What a neighbour at one ``cpu_pct`` adds to CPU work, per measured work size (and gap class)."""
 
     cpu_pct: float
     work_ms: FloatArray
     """``(m,)`` increasing work sizes."""
     extra_ms: FloatArray
-    """``(m, 200)``: ``Q_P(u) - Q_0(u)`` at each work size, on the grid ``u = (i + 0.5) / 200``."""
+    """``(m, 200)``: ``Q_P(u) - Q_0(u)`` at each work size, on the grid ``u = (i + 0.5) / 200``; ``(k, m, 200)``
+    with gap classes, one ``(m, 200)`` block per class."""
     how: str
     """Which profiles, for ``--explain``."""
+    gap_ms: FloatArray = field(default_factory=lambda: np.zeros(0))
+    """``(k,)`` increasing mean sleeps of the probes' gap classes; empty: one mix of sleeps for every gap."""
 
-    _rows: list[list[float]] = field(init=False, repr=False, compare=False)
+    _blocks: list[list[list[float]]] = field(init=False, repr=False, compare=False)
+    _gaps: list[float] = field(init=False, repr=False, compare=False)
     _sizes: list[float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_rows", self.extra_ms.tolist())
+        blocks = self.extra_ms if self.gap_ms.size else self.extra_ms[None]
+        if blocks.shape[0] != max(self.gap_ms.size, 1) or blocks.shape[1] != self.work_ms.size:
+            raise ValueError(f"extra_ms of shape {self.extra_ms.shape} for {self.work_ms.size} work sizes and "
+                             f"{self.gap_ms.size} gap classes")
+        object.__setattr__(self, "_blocks", blocks.tolist())
+        object.__setattr__(self, "_gaps", self.gap_ms.tolist())
         object.__setattr__(self, "_sizes", self.work_ms.tolist())
 
-    def at(self, work_ms: float, u: float) -> float:
-        """:func:`extra_ms` for one piece of work, in plain Python: the load simulation asks once per piece,
-        where a NumPy call's overhead would be most of the cost.
+    def at(self, work_ms: float, u: float, gap_ms: float | None = None) -> float:
+        """:func:`extra_ms` for one piece of work after a sleep of ``gap_ms`` (linear between the gap classes'
+        means, the nearest class's outside them; None or no classes: the first block), in plain Python: the
+        load simulation asks once per piece, where a NumPy call's overhead would be most of the cost.
 
         >>> p = StretchProfile(50.0, np.array([1.0, 4.0]), np.vstack([np.full(200, 0.5), np.full(200, 2.0)]), "")
         >>> sizes = [0.2, 1.0, 2.5, 4.0, 8.0]
         >>> [p.at(c, 0.5) for c in sizes] == extra_ms(p, sizes, [0.5] * 5).tolist()
         True
+        >>> g = StretchProfile(50.0, np.array([1.0]), np.full((2, 1, 200), [[[0.1]], [[0.5]]]), "", np.array([0.1, 3.0]))
+        >>> [round(g.at(1.0, 0.5, gap), 3) for gap in (0.0, 0.1, 1.55, 3.0, 9.0)]
+        [0.1, 0.1, 0.3, 0.5, 0.5]
         """
-        sizes, rows = self._sizes, self._rows
+        gaps = self._gaps
+        if len(gaps) < 2 or gap_ms is None or gap_ms <= gaps[0]:
+            return self._at(self._blocks[0], work_ms, u)
+        if gap_ms >= gaps[-1]:
+            return self._at(self._blocks[-1], work_ms, u)
+        hi = bisect_left(gaps, gap_ms)
+        t = (gap_ms - gaps[hi - 1]) / (gaps[hi] - gaps[hi - 1])
+        return (1.0 - t) * self._at(self._blocks[hi - 1], work_ms, u) + t * self._at(self._blocks[hi], work_ms, u)
+
+    def _at(self, rows: list[list[float]], work_ms: float, u: float) -> float:
+        sizes = self._sizes
         k = min(max(int(u * _GRID), 0), _GRID - 1)
         if len(sizes) == 1:
             return rows[0][k] * max(work_ms / sizes[0], 1.0)
@@ -162,8 +203,10 @@ def stretch_profile(store: Any, cpu_pct: float) -> StretchProfile | None:
     """The CPU profiles of ``store`` at ``cpu_pct`` (interpolated between measured levels), or None.
 
     ``store`` is a :class:`~analyzer.profiles.ProfileStore` (anything with ``keys()`` and ``select``). A work
-    size counts when it was measured with no neighbour (``cpu_pct=0``) and at some level. The sizes are
-    rescaled by :func:`probe_speed` to the time the work took when the probes ran (module docstring).
+    size counts when it was measured with no neighbour (``cpu_pct=0``) and at some level. Where the store holds
+    gap classes (api ``cpu <W>ms gap <G>ms``), the work sizes probed in every class make one block per class
+    and the profiles without a class are left out. The sizes are rescaled by :func:`probe_speed` to the time the
+    work took when the probes ran (module docstring), from the paused probes of every class.
     """
     keys = getattr(store, "keys", None)
     if keys is None:
@@ -172,27 +215,38 @@ def stretch_profile(store: Any, cpu_pct: float) -> StretchProfile | None:
     for key in keys():
         if work_of(key.api) is not None and key.param == "cpu_pct":
             by_api.setdefault(key.api, set()).add(key.value)
-    sizes, idle_medians, rows, hows = [], [], [], []
-    grid = (np.arange(_GRID) + 0.5) / _GRID
-    for api, levels in sorted(by_api.items(), key=lambda kv: work_of(kv[0]) or 0.0):
-        if 0.0 not in levels or len(levels) < 2:
-            continue
-        loaded = store.select(api, "", {}, "cpu_pct", cpu_pct)
-        idle = store.select(api, "", {}, "cpu_pct", 0.0)
-        sizes.append(work_of(api))
-        idle_medians.append(float(np.median(idle.samples_ms)))
-        rows.append(np.quantile(loaded.samples_ms, grid) - np.quantile(idle.samples_ms, grid))
-        hows.append(f"{api}: {loaded.how}")
+    usable = [api for api, levels in by_api.items() if 0.0 in levels and len(levels) >= 2]
+    classes = sorted({g for api in usable if (g := gap_of(api)) is not None})
+    # the sizes every class (or, without classes, the one mix) was probed at
+    per_class = [{work_of(api) for api in usable if gap_of(api) == g} for g in (classes or [None])]
+    sizes = sorted(set.intersection(*per_class)) if per_class else []
     if not sizes:
         return None
-    speed = probe_speed(sizes, idle_medians)
-    return StretchProfile(cpu_pct, speed * np.asarray(sizes, dtype=np.float64), np.vstack(rows),
-                          f"{len(sizes)} CPU profiles ({', '.join(hows)}), their work taking {speed:.3g} ms per "
-                          f"calibrated ms when probed")
+    grid = (np.arange(_GRID) + 0.5) / _GRID
+    blocks, idle_medians, hows = [], [], []
+    for g in classes or [None]:
+        rows = []
+        for i, w in enumerate(sizes):
+            api = cpu_api(w, g)
+            loaded = store.select(api, "", {}, "cpu_pct", cpu_pct)
+            idle = store.select(api, "", {}, "cpu_pct", 0.0)
+            if len(idle_medians) <= i:
+                idle_medians.append([])
+            idle_medians[i].append(float(np.median(idle.samples_ms)))
+            rows.append(np.quantile(loaded.samples_ms, grid) - np.quantile(idle.samples_ms, grid))
+            hows.append(f"{api}: {loaded.how}")
+        blocks.append(np.vstack(rows))
+    speed = probe_speed(sizes, [float(np.median(m)) for m in idle_medians])
+    gaps = f" in {len(classes)} classes of the sleep before the work" if classes else ""
+    return StretchProfile(cpu_pct, speed * np.asarray(sizes, dtype=np.float64),
+                          np.stack(blocks) if classes else blocks[0],
+                          f"{len(hows)} CPU profiles{gaps} ({', '.join(hows)}), their work taking {speed:.3g} ms "
+                          f"per calibrated ms when probed", np.asarray(classes, dtype=np.float64))
 
 
 def extra_ms(profile: StretchProfile, cpu_ms: npt.ArrayLike, u: npt.ArrayLike) -> FloatArray:
-    """What the neighbour adds to steps of CPU time ``cpu_ms``, at independent uniform quantiles ``u``.
+    """What the neighbour adds to steps of CPU time ``cpu_ms``, at independent uniform quantiles ``u`` (with gap
+    classes, after the shortest class's sleeps).
 
     Linear in the work size between the two measured sizes around it, proportional above the largest, the
     smallest's below it (module docstring).
@@ -203,7 +257,7 @@ def extra_ms(profile: StretchProfile, cpu_ms: npt.ArrayLike, u: npt.ArrayLike) -
     """
     c = np.asarray(cpu_ms, dtype=np.float64)
     k = np.clip((np.asarray(u, dtype=np.float64) * _GRID).astype(np.intp), 0, _GRID - 1)
-    w, d = profile.work_ms, profile.extra_ms
+    w, d = profile.work_ms, profile.extra_ms if not profile.gap_ms.size else profile.extra_ms[0]
     if w.size == 1:
         out = d[0, k] * np.maximum(c / w[0], 1.0)
     else:

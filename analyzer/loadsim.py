@@ -131,9 +131,10 @@ Wake = Callable[[int, int, int, int, float, float, int], float]
 """(workload, node position, column, site, the loop's idle gap before the work, the work, its CPU server) -> what
 the loop's coldness adds to the work (ms); site 0: a compute node, 1: an io call's CPU before its wait, 2: after
 it. Times in ms; called for every piece of loop work in time order, the gap 0 when the loop was busy."""
-Neighbour = Callable[[float, float], float]
-"""(ms of the loop's work since it woke up, the quantile of the neighbour's phase when it woke) -> what a CPU
-neighbour adds to that much work after a wake-up (ms; :meth:`analyzer.interference.StretchProfile.at`)."""
+Neighbour = Callable[[float, float, float], float]
+"""(ms of the loop's work since it woke up, the quantile of the neighbour's phase when it woke, how long it slept
+before, ms) -> what a CPU neighbour adds to that much work after a wake-up (ms;
+:meth:`analyzer.interference.StretchProfile.at`)."""
 ServiceWake = Callable[[int, int, int, int, float], float]
 """(workload, node position, column, resource group, how long the resource had been idle) -> what its coldness
 adds to the io call (ms): the idle runs from the start of the group's call before (0 while another is in
@@ -351,6 +352,7 @@ def simulate(
         queueing.core_busy_ms, queueing.cores = 0.0, max(cores, 0)
     spell_u = [0.0] * max(servers, 1)  # per CPU server: the neighbour's quantile when its loop last woke up
     spell_w = [0.0] * max(servers, 1)  # and the work it has done since (ms)
+    spell_g = [0.0] * max(servers, 1)  # and how long it slept before (ms)
     done_count = 0
     issued = 0
 
@@ -441,22 +443,24 @@ def simulate(
             gap = 0.0  # made ready from the loop's ready queue: it did not sleep for this work
         extra = wake(req_kind[r], j, req_col[r], site, gap, d, server) if wake is not None else 0.0
         if neighbour is not None and d + hidden > 0:
-            extra += spell(r, server, gap > 0, t, d + hidden)
+            extra += spell(r, server, gap, t, d + hidden)
         return max(d + extra, 0.0)
 
-    def spell(r: int, server: int, fresh: bool, t: float, d: float) -> float:
+    def spell(r: int, server: int, gap: float, t: float, d: float) -> float:
         """What a CPU neighbour adds to ``d`` ms of loop work starting at ``t``: the profiles' extra for the work
         of the loop's spell so far plus this, less what the spell's earlier work was charged. A spell starts
-        where the loop wakes from idle, at the quantile of the neighbour's phase then; its first piece pays the
-        wake-up, unless the loop woke before the request arrived (that wake-up precedes its server span)."""
-        if fresh:
+        where the loop wakes from idle (``gap`` > 0, how long it slept), at the quantile of the neighbour's phase
+        then and at what that sleep does to it; its first piece pays the wake-up, unless the loop woke before
+        the request arrived (that wake-up precedes its server span)."""
+        assert neighbour is not None
+        if gap > 0:
             u = req_phase[r] - (t - req_t0[r]) / PERIOD_MS
-            spell_u[server], spell_w[server] = u - math.floor(u), 0.0
-            before = 0.0 if loop_free[server] >= req_t0[r] else neighbour(0.0, spell_u[server])
+            spell_u[server], spell_w[server], spell_g[server] = u - math.floor(u), 0.0, gap
+            before = 0.0 if loop_free[server] >= req_t0[r] else neighbour(0.0, spell_u[server], gap)
         else:
-            before = neighbour(spell_w[server], spell_u[server])
+            before = neighbour(spell_w[server], spell_u[server], spell_g[server])
         spell_w[server] += d
-        return neighbour(spell_w[server], spell_u[server]) - before
+        return neighbour(spell_w[server], spell_u[server], spell_g[server]) - before
 
     def cpu_of(w: Workload, j: int, col: int) -> tuple[float, float]:
         if w.cpu_before is None or w.cpu_after is None:
@@ -886,7 +890,8 @@ def _neighbour(scenario: Scenario, store: SupportsSelect | None) -> tuple[Neighb
     from the moment an answer wakes it until it idles again, one wake-up serving every callback that is ready
     (a fan-out whose answers arrive together pays one). So the simulation charges each spell of the loop's
     work what the profiles say for that much work, at the quantile of the neighbour's phase when the spell
-    starts (:func:`analyzer.interference.phase_quantiles`), piece by piece as the spell grows.
+    starts (:func:`analyzer.interference.phase_quantiles`) and, where the probes slept in classes, at how long
+    the loop slept before it, piece by piece as the spell grows.
     """
     cpu = [c for c in scenario.changes if isinstance(c, Interference)]
     profile = stretch_profile(store, cpu[-1].cpu_pct) if cpu and store is not None else None
@@ -894,7 +899,7 @@ def _neighbour(scenario: Scenario, store: SupportsSelect | None) -> tuple[Neighb
         return None, []
     return profile.at, [f"interference: each spell of the simulated loop's work, from a wake-up until it idles, "
                         f"takes the CPU profiles' extra for that much work at the neighbour's phase when it "
-                        f"starts, from {profile.how}"]
+                        f"starts{' and after the sleep before it' if profile.gap_ms.size else ''}, from {profile.how}"]
 
 
 class _WakeCost:

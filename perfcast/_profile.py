@@ -186,13 +186,13 @@ def _profile_cpu(levels: list[float], work_ms: list[float], labels: tuple[str, .
     from rich.console import Console
     from rich.table import Table
 
-    from analyzer.cpuprobe import DEFAULT_WORK_MS, profile_cpu
+    from analyzer.cpuprobe import DEFAULT_WORK_MS, GAP_CLASSES_MS, profile_cpu
     from analyzer.profiles import ProfileStore, parse_labels
     from analyzer.profiling import StopRule, parse_duration
     from replayer.hog import CpuHog
 
     works = work_ms or list(DEFAULT_WORK_MS)
-    rule = StopRule(rse=rse, min_count=min_count, budget_s=parse_duration(budget) / (len(levels) * len(works)))
+    rule = StopRule(rse=rse, min_count=min_count, budget_s=parse_duration(budget) / (len(levels) * len(works) * len(GAP_CLASSES_MS)))
     console = Console(width=max(Console().width, 120))
     with ProfileStore(store_path) as store, console.status("probing CPU work") as status:
 

@@ -424,6 +424,35 @@ class TestInterferenceProfiles:
         assert predicted(0.5, 3.0) == pytest.approx(1.0)
         assert predicted(2.0, 3.0) == pytest.approx(2.0)
 
+    def test_a_spell_takes_the_extra_of_the_sleep_before_it(self, tmp_path: Path) -> None:
+        # Probes in two gap classes (mean sleeps 0.1 and 3 ms): the neighbour adds 0.1 ms to 1 ms of work after a
+        # short sleep, 0.9 ms after a long one. A step after a 0.1 ms call pays the first, after a 3 ms call the
+        # second, after a 1.55 ms call halfway; a store probed before the classes charges every step alike
+        from analyzer.interference import cpu_api, stretch_profile
+
+        def store(path: Path, classes: bool) -> ProfileStore:
+            s = ProfileStore(path)
+            for gap, shift in ({0.1: 0.1, 3.0: 0.9} if classes else {None: 0.5}).items():
+                s.add(ProfileKey.make(cpu_api(1.0, gap), "cpu://h", {}, "cpu_pct", 0.0), [1.0] * 200)
+                s.add(ProfileKey.make(cpu_api(1.0, gap), "cpu://h", {}, "cpu_pct", 50.0), [1.0 + shift] * 200)
+            return s
+
+        def predicted(call_ms: float, classes: bool) -> float:
+            g = graph("GET /", [io("a", [call_ms] * 4), compute("c", [1.0] * 4, [1.0] * 4)],
+                      [("start", "a"), ("a", "c"), ("c", "end")])
+            with store(tmp_path / f"p{call_ms}-{classes}.db", classes) as s:
+                (p,) = predict([g], "interference:cpu=50", s, samples=300, rng=rng())
+            assert any("after the sleep before it" in n for n in p.notes) == classes
+            return float(np.median(p.predicted.samples_ms)) - call_ms - 1.0
+
+        with store(tmp_path / "s.db", True) as s:
+            profile = stretch_profile(s, 50.0)
+        assert profile is not None and profile.gap_ms.tolist() == [0.1, 3.0] and profile.extra_ms.shape == (2, 1, 200)
+        assert predicted(0.1, True) == pytest.approx(0.1, abs=0.01)
+        assert predicted(3.0, True) == pytest.approx(0.9, abs=0.01)
+        assert predicted(1.55, True) == pytest.approx(0.5, abs=0.02)
+        assert predicted(0.1, False) == pytest.approx(predicted(3.0, False), abs=0.01) == pytest.approx(0.5, abs=0.01)
+
     def test_a_level_between_profiled_levels_interpolates(self, tmp_path: Path) -> None:
         from analyzer.interference import stretch_profile
 

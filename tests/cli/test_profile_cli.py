@@ -88,10 +88,11 @@ def test_profile_cpu_into_store(tmp_path: Path) -> None:
     code, out = run("profile", "--cpu", "40", "--work", "0.1", "--budget", "1s", "--rse", "0.5", "--min", "20",
                     "--label", "host=here", "--store", str(store))
     assert code == 0, out
-    assert "cpu 0.1ms" in out and "neighbour %" in out
-    with ProfileStore(store) as s:
+    assert "cpu 0.1ms gap 0.1ms" in out and "neighbour %" in out
+    with ProfileStore(store) as s:  # the work after each class of sleep before it
         assert {(k.api, k.param, k.value, k.labels) for k in s.keys()} == {
-            ("cpu 0.1ms", "cpu_pct", v, (("host", "here"),)) for v in (0.0, 40.0)}
+            (f"cpu 0.1ms gap {g}ms", "cpu_pct", v, (("host", "here"),)) for g in ("0.1", "0.6", "3")
+            for v in (0.0, 40.0)}
 
 
 def test_profile_cpu_usage_errors(tmp_path: Path) -> None:
