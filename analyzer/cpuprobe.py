@@ -5,15 +5,15 @@ what an event loop's step does: sleep (the loop idle until an answer arrives), w
 pure-Python CPU work. A sample is the time from when the probe asked to wake up to when the work is done, so
 the scheduler's wake-up latency is in it. The sleeps come in classes (:data:`GAP_CLASSES_MS`), each work size
 probed in each class and stored as a profile of its own: what a neighbour adds to a short step depends on how
-long the loop slept before it (``analyzer.interference``). The number of loop iterations that makes ``W`` ms is calibrated
-first, with no neighbour running (the fastest of several tries).
+long the loop slept before it (``analyzer.interference``). The number of loop iterations that makes ``W`` ms is
+calibrated first, with no neighbour running (the fastest of several tries).
 
 The probe runs on one core and the neighbour (``neighbour(P, cores)``, a context manager:
 :class:`replayer.hog.CpuHog` from the CLI) takes ``P`` % of that same core: the scenario
 ``interference:cpu=P`` is "a neighbour takes P % of the CPU the event loop runs on". The neighbour is paused
 and resumed in short alternating blocks, and the samples taken while it is paused are the ``cpu_pct=0``
 reference: measured at the same moments, they see the same drift of a shared machine's speed. Each point is
-stored as soon as it is measured, under the api ``cpu <W>ms``, parameterised by ``cpu_pct``.
+stored as soon as it is measured, under the api ``cpu <W>ms gap <G>ms``, parameterised by ``cpu_pct``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from analyzer.interference import cpu_api
 from analyzer.profiles import ProfileKey, ProfileStore
 from analyzer.profiling import Measurement, Progress, ProfilingError, StopRule, relative_standard_error
 
-__all__ = ["DEFAULT_WORK_MS", "GAP_CLASSES_MS", "Neighbour", "Pausable", "calibrate", "iterations_per_ms", "profile_cpu"]
+__all__ = ["DEFAULT_WORK_MS", "GAP_CLASSES_MS", "Neighbour", "Pausable", "calibrate", "iterations_per_ms",
+           "profile_cpu"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -53,8 +54,9 @@ DEFAULT_WORK_MS = (0.05, 0.2, 1.0, 5.0)
 GAP_CLASSES_MS: tuple[tuple[float, float], ...] = ((0.02, 0.18), (0.2, 1.0), (1.0, 5.0))
 """The ranges a probe's sleep is drawn from (uniformly), one profile per range, named by its mean (0.1, 0.6 and 3
 ms): an event loop's waits between steps, from a cache's or a database's answer a few tenths of a millisecond
-away to a slow service's. A 0.2 ms probe under a 50% neighbour gained 0.09-0.16 ms on average after sleeps of
-0.05-0.2 ms and 0.44-0.45 ms after sleeps of 2-5 ms; a 1 ms probe 0.41-0.56 ms after any."""
+away to a slow service's. Under a 50% neighbour a 0.05 ms probe gained 0.04, 0.21 and 0.41 ms on average after
+the three classes' sleeps, a 0.2 ms probe 0.20, 0.21 and 0.51, a 1 ms probe 0.70, 0.64 and 0.61, a 5 ms probe
+3.3, 3.2 and 2.4 (``docs/accuracy.md``, runs 125-128)."""
 
 _START_S = 0.5
 """Time for a neighbour's processes to start before probing."""

@@ -27,10 +27,11 @@ on its own, as the probes measured it. ``t`` is when the spell starts as predict
 added to the work before it: a spell that waited out the neighbour's busy time is followed by spells that
 meet its idle time.
 
-How long the loop slept before a spell matters as much as how long the spell works. A 0.2 ms probe under a 50%
-neighbour gained 0.09-0.16 ms on average after a sleep of 0.05-0.2 ms and 0.44-0.45 ms after one of 2-5 ms (on
-the machine of runs 125-126, ``docs/accuracy.md``): a task that slept briefly wakes with its claim on the core
-intact and preempts the neighbour, one that slept long finds the neighbour's slice under way. An event loop's
+How long the loop slept before a spell matters too. Under a 50% neighbour a 0.05 ms probe gained 0.04 ms on
+average after sleeps of 0.02-0.18 ms and 0.41 ms after sleeps of 1-5 ms, a 0.2 ms probe 0.20 and 0.51 ms (on the
+machine of runs 125-128, ``docs/accuracy.md``): a task that slept briefly wakes with its claim on the core intact
+and preempts the neighbour, one that slept long finds the neighbour's slice under way (longer work meets the
+neighbour's slice either way: a 1 ms probe gained 0.70 and 0.61 ms). An event loop's
 gaps between steps are mostly the short ones (a database's answer a few tenths of a millisecond away), where
 probes that slept 0.5-5 ms charged every spell the long gaps' extra. So the probes sleep in classes of gap
 (:data:`analyzer.cpuprobe.GAP_CLASSES_MS`), each class a profile of its own (api ``cpu <W>ms gap <G>ms``, ``G``
@@ -156,7 +157,8 @@ class StretchProfile:
         >>> sizes = [0.2, 1.0, 2.5, 4.0, 8.0]
         >>> [p.at(c, 0.5) for c in sizes] == extra_ms(p, sizes, [0.5] * 5).tolist()
         True
-        >>> g = StretchProfile(50.0, np.array([1.0]), np.full((2, 1, 200), [[[0.1]], [[0.5]]]), "", np.array([0.1, 3.0]))
+        >>> g = StretchProfile(50.0, np.array([1.0]), np.full((2, 1, 200), [[[0.1]], [[0.5]]]), "",
+        ...                    np.array([0.1, 3.0]))
         >>> [round(g.at(1.0, 0.5, gap), 3) for gap in (0.0, 0.1, 1.55, 3.0, 9.0)]
         [0.1, 0.1, 0.3, 0.5, 0.5]
         """

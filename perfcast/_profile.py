@@ -192,7 +192,8 @@ def _profile_cpu(levels: list[float], work_ms: list[float], labels: tuple[str, .
     from replayer.hog import CpuHog
 
     works = work_ms or list(DEFAULT_WORK_MS)
-    rule = StopRule(rse=rse, min_count=min_count, budget_s=parse_duration(budget) / (len(levels) * len(works) * len(GAP_CLASSES_MS)))
+    points = len(levels) * len(works) * len(GAP_CLASSES_MS)
+    rule = StopRule(rse=rse, min_count=min_count, budget_s=parse_duration(budget) / points)
     console = Console(width=max(Console().width, 120))
     with ProfileStore(store_path) as store, console.status("probing CPU work") as status:
 

@@ -637,12 +637,12 @@ def measure_loaded(
 ) -> tuple[list[GroundTruth], list[GroundTruth]]:
     """One user and ``users`` users taking turns in one deployment of the app without the collector.
 
-    ``blocks`` pairs of a light phase (one user, ``light_requests`` measured requests) and a loaded phase
-    (``users`` users, ``requests`` measured after ``warmup_requests``), both to the serving replicas' port, the two in a random order in each
-    pair (seeded by ``setup.seed``). Returns (the light phases, the loaded phases), one :class:`GroundTruth`
-    each, client-side: the light phases calibrate a prediction of the loaded ones
-    (``analyzer.loadsim.calibrate``), and this machine's speed drifts by more between two deployments a minute
-    apart than a prediction may be off, so both are measured in one deployment, a few seconds apart.
+    ``blocks`` pairs of a light phase (one user, ``light_requests`` measured requests) and a loaded phase (``users``
+    users, ``requests`` measured after ``warmup_requests``), both to the serving replicas' port, the two in a random
+    order in each pair (seeded by ``setup.seed``). Returns (the light phases, the loaded phases), one
+    :class:`GroundTruth` each, client-side: the light phases calibrate a prediction of the loaded ones
+    (``analyzer.loadsim.calibrate``), and this machine's speed drifts by more between two deployments a minute apart
+    than a prediction may be off, so both are measured in one deployment, a few seconds apart.
 
     ``levels``: a light phase also runs that many users (each fewer than ``users``), ``level_requests`` measured
     requests each (default ``light_requests // 2``), right after its one-user run and to the same replica; the
