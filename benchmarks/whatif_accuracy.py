@@ -25,8 +25,9 @@ Steps, per scenario (docs/demo.md and docs/accuracy.md say why each choice):
 3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size, with one caller
    and with up to the index page's ten at once (the size case's spec filters on that api), RTTs through the
    proxy at 0 ms and with the delay (the ``(rtt)`` rows of location), CPU probes for interference, and once,
-   before the location cases, a wake-up profile of the app (``analyzer.wakeup``: the post page's server-side
-   latency after pauses of 0-40 ms taking turns; ``--no-wake`` leaves it out): the loop's longer idle gaps are
+   before the cases, a wake-up profile of the app (``analyzer.wakeup``: the post page's server-side latency after
+   pauses of 0-40 ms taking turns; ``--no-wake`` leaves it out), measured again right before each location case,
+   which is predicted from its own (the machine's wake-up changes within a run): the loop's longer idle gaps are
    charged what the profile says they cost in the nominal and ``(applied)`` rows; the ``(no wake-up)`` rows
    predict the nominal delay without it, and the ``(rtt)`` rows too (an RTT profile measured end to end by a
    client idle between calls holds the cold start already);
@@ -235,15 +236,17 @@ def _profile_cpu(store: ProfileStore, cpu_pct: float, budget_s: float = 5.0) -> 
 
 
 
-def _profile_wake(setup: ForumSetup, store: ProfileStore, work: Path, status: Any) -> None:
+def _profile_wake(setup: ForumSetup, store: ProfileStore | None, work: Path, status: Any, name: str = "wake") -> None:
     """A wake-up profile of the app (:mod:`analyzer.wakeup`): its post page's server-side latency, one request
-    at a time, after pauses of :data:`IDLE_MS`, from the spans of one collected run (server side only)."""
-    got = measure_idle(setup, IDLE_MS, requests=200, rounds=2, spans=work / "wake.jsonl", on_step=status)
-    with (work / "wake.pkl").open("wb") as f:  # the profile's data, for building it again another way
+    at a time, after pauses of :data:`IDLE_MS`, from the spans of one collected run (server side only), its data
+    kept in ``NAME.pkl`` and the profiles added to ``store`` (None: the data alone)."""
+    got = measure_idle(setup, IDLE_MS, requests=200, rounds=2, spans=work / f"{name}.jsonl", on_step=status)
+    with (work / f"{name}.pkl").open("wb") as f:  # the profile's data, for building it again another way
         pickle.dump(got, f)
-    for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests, got.every,
-                                  note="whatif_accuracy: server-side latency after a pause"):
-        status(f"wake-up profile: {line}")
+    if store is not None:
+        for line in add_wake_profiles(store, "forum GET /post/{id}", got.requests, got.every,
+                                      note="whatif_accuracy: server-side latency after a pause"):
+            status(f"wake-up profile: {line}")
 
 
 _WAKE_APIS = (WAKE_API, WAKE_DECAY_API, SERVICE_WAKE_API)
@@ -251,19 +254,20 @@ _WAKE_APIS = (WAKE_API, WAKE_DECAY_API, SERVICE_WAKE_API)
 
 
 class _WithWakeAgain:
-    """A recording's profile store with its wake-up profiles built again, by the current code, from the data
-    they were built from (``wake.pkl``): how a profile is built is part of what a prediction made again judges.
-    The recording's own store is left as it was."""
+    """A profile store with its wake-up profiles built, by the current code, from the data in ``NAME.pkl``: a
+    recording's, built again (how a profile is built is part of what a prediction made again judges), or a
+    location case's own, measured right before it. The store itself is left as it was; closing this closes it.
+    """
 
-    def __init__(self, store: ProfileStore, work: Path, status: Any) -> None:
+    def __init__(self, store: Any, work: Path, status: Any, name: str = "wake") -> None:
         self.store = store
-        with (work / "wake.pkl").open("rb") as f:
+        with (work / f"{name}.pkl").open("rb") as f:
             got = pickle.load(f)
         self._dir = tempfile.TemporaryDirectory(prefix="perfcast-wake-")
         self.wake = ProfileStore(Path(self._dir.name) / "wake.db")
         for line in add_wake_profiles(self.wake, "forum GET /post/{id}", got.requests, got.every,
-                                      note="whatif_accuracy: built again from wake.pkl"):
-            status(f"wake-up profile, built again: {line}")
+                                      note=f"whatif_accuracy: built from {name}.pkl"):
+            status(f"wake-up profile ({name}.pkl): {line}")
 
     def keys(self) -> list[ProfileKey]:
         return [k for k in self.store.keys() if k.api not in _WAKE_APIS] + self.wake.keys()
@@ -271,9 +275,13 @@ class _WithWakeAgain:
     def select(self, api: str, *args: Any, **kwargs: Any) -> Any:
         return (self.wake if api in _WAKE_APIS else self.store).select(api, *args, **kwargs)
 
-    def close(self) -> None:
+    def drop(self) -> None:
+        """Close the wake-up profiles built here, not the store."""
         self.wake.close()
         self._dir.cleanup()
+
+    def close(self) -> None:
+        self.drop()
         self.store.close()
 
 
@@ -525,6 +533,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{ns.blocks} blocks of today's and the scenario's requests taking turns {ns.run} at a time, one "
             "deployment" if paired
             else f"{ns.rounds} rounds of baseline then scenario"))
+        case_store: Any = store
+        own = f"{case.name}.wake"
+        if case.selector and wake:
+            # The machine's wake-up changes within a run (run 128: +0.06 ms at a 20 ms pause when the run began,
+            # the location cases' pieces after a wait 0.2-0.25 ms slower a quarter of an hour later): each location
+            # case is predicted from a wake-up profile measured right before it
+            if not again:
+                status("the wake-up profile again, right before the case")
+                _profile_wake(case_setup, None, work, status, own)
+            if (work / f"{own}.pkl").is_file():
+                case_store = _WithWakeAgain(store, work, status, own)
         if case.applied.cpu_pct > 0 and not again:
             status(f"probing CPU work with a neighbour taking {case.applied.cpu_pct:g} % of the core")
             _profile_cpu(store, case.applied.cpu_pct)
@@ -616,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
             # The RTT profiles, measured end to end by a client idle between calls, hold the cold start of the
             # call and what follows it; with the wake-up profile as well, the (rtt) rows would count it twice.
             plain = not wake or variant.name.endswith(("(rtt)", "(no wake-up)"))
-            profiles = _WithoutWake(store) if plain else store
+            profiles = _WithoutWake(case_store) if plain else case_store
             try:
                 # the nominal rows price the load from the one-user runs and a wake-up's cost fitted at the
                 # levels, the (one user) rows from the one-user runs alone, the (levels) rows from the levels
@@ -626,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
                 predicted.append((replace(variant, spec=spec), {p.route: p for p in preds}))
             except AnalyzerError as exc:
                 status(f"[red]cannot predict {spec}[/]: {type(exc).__name__}: {exc}")
+        if isinstance(case_store, _WithWakeAgain) and case_store is not store:
+            case_store.drop()
         if not predicted:
             continue
         errors = sum(t.errors for t in truths)
