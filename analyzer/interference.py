@@ -217,23 +217,23 @@ def stretch_profile(store: Any, cpu_pct: float) -> StretchProfile | None:
     for key in keys():
         if work_of(key.api) is not None and key.param == "cpu_pct":
             by_api.setdefault(key.api, set()).add(key.value)
-    usable = [api for api, levels in by_api.items() if 0.0 in levels and len(levels) >= 2]
-    classes = sorted({g for api in usable if (g := gap_of(api)) is not None})
+    # (gap class or None, work size) -> the api probed so, for each api measured paused and at some level
+    apis = {(gap_of(api), work_of(api)): api for api, levels in by_api.items() if 0.0 in levels and len(levels) >= 2}
+    classes = sorted({g for g, _ in apis if g is not None})
     # the sizes every class (or, without classes, the one mix) was probed at
-    per_class = [{work_of(api) for api in usable if gap_of(api) == g} for g in (classes or [None])]
+    per_class = [{w for g2, w in apis if g2 == g} for g in (classes or [None])]
     sizes = sorted(set.intersection(*per_class)) if per_class else []
     if not sizes:
         return None
     grid = (np.arange(_GRID) + 0.5) / _GRID
-    blocks, idle_medians, hows = [], [], []
+    blocks, hows = [], []
+    idle_medians: list[list[float]] = [[] for _ in sizes]  # per size, one per class
     for g in classes or [None]:
         rows = []
         for i, w in enumerate(sizes):
-            api = cpu_api(w, g)
+            api = apis[(g, w)]
             loaded = store.select(api, "", {}, "cpu_pct", cpu_pct)
             idle = store.select(api, "", {}, "cpu_pct", 0.0)
-            if len(idle_medians) <= i:
-                idle_medians.append([])
             idle_medians[i].append(float(np.median(idle.samples_ms)))
             rows.append(np.quantile(loaded.samples_ms, grid) - np.quantile(idle.samples_ms, grid))
             hows.append(f"{api}: {loaded.how}")

@@ -515,11 +515,13 @@ def main(argv: list[str] | None = None) -> int:
     if again:
         if (work / "wake.pkl").is_file() and not ns.no_wake:
             store = _WithWakeAgain(store, work, status)  # type: ignore[assignment]
-        wake = not ns.no_wake and any(k.api == WAKE_API for k in store.keys())
+        wake = not ns.no_wake and (any(k.api == WAKE_API for k in store.keys()) or any(
+            (work / f"{c.name}.wake.pkl").is_file() for c in cases if c.selector))
     elif any(c.selector for c in cases) and not ns.no_wake:
-        console.print("[bold]profiles[/]: wake-up of the app after pauses of "
-                      f"{', '.join(f'{g:g}' for g in IDLE_MS)} ms")
-        _profile_wake(setup, store, work, status)
+        if any(not c.selector for c in cases):  # the location cases measure their own right before them
+            console.print("[bold]profiles[/]: wake-up of the app after pauses of "
+                          f"{', '.join(f'{g:g}' for g in IDLE_MS)} ms")
+            _profile_wake(setup, store, work, status)
         wake = True
 
     rows: list[dict[str, Any]] = []

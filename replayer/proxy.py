@@ -21,9 +21,10 @@ longer wire would not take them away. Timed from its arrival alone, a delayed ch
 and a round trip through a 10 ms proxy gained 9.91 ms over one at 0 ms: a location ground truth 0.1 ms short
 per round trip, more than the whole spread of a 2 ms page's answers about their median. A delayed chunk is
 therefore due half the delay after its arrival *plus* the median forwarding time of the proxy's recent undelayed
-chunks; a proxy started with its delay on knows that median from a few chunks it forwards to itself at start. The median, not a draw: the delayed chunk's sleep
-brings a wake-up's spread of its own, and with a draw on top the delayed round trips spread twice as wide as the
-undelayed ones (0.14 ms between the 10th and 90th percentiles against 0.06).
+chunks; a proxy started with its delay on knows that median from a few chunks it forwards to itself at start.
+The median, not a draw: the delayed chunk's sleep brings a wake-up's spread of its own, and with a draw on top the
+delayed round trips spread twice as wide as the undelayed ones (0.14 ms between the 10th and 90th percentiles
+against 0.06).
 
 ``delay_ms`` can be changed while the proxy runs: each chunk takes the delay in force when it arrives, so a
 ground truth can switch a scenario on and off in one deployment, its connections left open (pooled database
@@ -365,10 +366,10 @@ def _stamp_arrivals(sock: socket.socket) -> bool:
 
 
 def _receive(sock: socket.socket, stamped: bool) -> tuple[bytes, float]:
-    """Up to 64 KiB from ``sock`` and when it arrived, on the ``time.monotonic`` clock: the kernel's receive time
-    of its last segment where ``stamped`` and the kernel stamped it (never after now), else now. Linux turns
-    receive timestamps on for the whole stack in deferred work after the first socket asks, so the first chunks
-    of a proxy started alone may come unstamped."""
+    """Up to :data:`_READ_BYTES` from ``sock`` and when it arrived, on the ``time.monotonic`` clock: the kernel's
+    receive time of its last segment where ``stamped`` and the kernel stamped it (never after now), else now.
+    Linux turns receive timestamps on for the whole stack in deferred work after the first socket asks, so the
+    first chunks of a proxy started alone may come unstamped."""
     if not stamped:
         return sock.recv(_READ_BYTES), time.monotonic()
     chunk, ancillary, _, _ = sock.recvmsg(_READ_BYTES, _ANCILLARY)
