@@ -42,7 +42,7 @@ from typing import Any
 import networkx as nx
 
 from analyzer.errors import GraphError
-from analyzer.graph import PER_REQUEST_EXTRAS, CausalGraph, Node, NodeKind, WaitMode
+from analyzer.graph import ANSWER_WAIT_SHARE, PER_REQUEST_EXTRAS, CausalGraph, Node, NodeKind, WaitMode
 from analyzer.spans import (
     IoCall,
     Request,
@@ -790,16 +790,22 @@ def _count_inflight(calls: Sequence[_Obs]) -> None:
     """Set each io node's ``inflight``: the request's calls to its resource still waiting for their answers when
     it started (itself too).
 
-    A call whose answer has come but waits for the loop (``queued_ns``, the end of the call spent behind other
-    tasks' steps) no longer loads the resource: a fan-out's calls start one loop step apart and their answers
-    wait for the loop to get through the rest, so counting open spans would put every call of ten behind the
-    nine before it, where the server had answered most of them (the ten blob fetches of the example's index
-    page: the tenth started while about four answers were outstanding).
+    A call whose answer has come but waits for the loop no longer loads the resource: a fan-out's calls start
+    one loop step apart and their answers wait for the loop to get through the rest, so counting open spans
+    would put every call of ten behind the nine before it, where the server had answered most of them (the ten
+    blob fetches of the example's index page: the tenth started while about four answers were outstanding).
+    Each call counts until its expected answer: before the part of its end known to follow the answer
+    (``answered_ns``) and the expected share of the rest of its bound (``queued_ns``,
+    :data:`~analyzer.graph.ANSWER_WAIT_SHARE`), as the load simulation takes it out. Counting to the bound's
+    start instead counts no call at all when the loop never slept during the fan-out: the bound then spans every
+    call from its start.
     """
-    by_resource: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    by_resource: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for obs in calls:
         assert obs.io is not None
-        by_resource[obs.io.resource].append((obs.io.start_ns, obs.io.end_ns - obs.queued_ns))
+        known = min(obs.answered_ns, obs.queued_ns)
+        answer = obs.io.end_ns - known - ANSWER_WAIT_SHARE * (obs.queued_ns - known)
+        by_resource[obs.io.resource].append((obs.io.start_ns, answer))
     for obs in calls:
         assert obs.io is not None
         start = obs.io.start_ns

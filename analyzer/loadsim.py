@@ -38,7 +38,7 @@ on which the compute segments of *all* concurrent requests run one at a time. So
   tasks' steps (the sync node's ``queued_ms``), which would be queued twice (0.04 ms of the example's index
   page on average: its TaskGroup's shielded releases wait behind the other queries' steps); and the expected
   part of an io call's recorded wait for the loop: the part known to follow the answer's read
-  (``answered_ms``) and half the rest of its bound (``queued_ms``; :data:`analyzer.predict.ANSWER_WAIT_SHARE`);
+  (``answered_ms``) and half the rest of its bound (``queued_ms``; :data:`analyzer.graph.ANSWER_WAIT_SHARE`);
 - HTTP calls to a route the graphs also hold become sub-requests (:class:`_Nesting`);
 - an io call's CPU on the loop (the io node's ``cpu_ms``: the client library's serialising and parsing, of which
   ``cpu_before_ms`` came before the first wait) is queued on the loop before and after the call's wait; only

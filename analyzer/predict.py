@@ -55,7 +55,7 @@ from analyzer.distribution import (
     evaluate_plan,
 )
 from analyzer.errors import GraphError, ProfileError, ScenarioError
-from analyzer.graph import CausalGraph, Node, NodeKind
+from analyzer.graph import ANSWER_WAIT_SHARE, CausalGraph, Node, NodeKind
 from analyzer.interference import cpu_slowdown, stretch_profile
 from analyzer.loadsim import WAIT_SCALE_KEY, Queueing, check_meta
 from analyzer.scenario import (
@@ -734,14 +734,6 @@ def _uncontended(graphs: Sequence[CausalGraph], scenario: Scenario) -> dict[str,
                 d for d, q in zip(node.samples_ms, queued, strict=True) if q <= _UNCONTENDED_MS)
     return {k: float(np.quantile(v, 0.1)) for k, v in by.items() if v}
 
-
-ANSWER_WAIT_SHARE = 0.5
-"""The part of the uncertain span of an io call's recorded wait for the loop (:func:`_answer_waited`: its bound
-less its known part) the load simulation takes out of the call, since its loop queues the answer again. The
-answer came at some point of the busy spell the bound spans: half of it, expected for an answer arriving
-uniformly in it. On the example's index page with nothing changed, the one-user simulation came out 0.45 ms
-above the recording keeping all of it, 0.59 below taking all of it out and 0.12 below at half
-(``docs/accuracy.md``, with bounds from task steps alone)."""
 
 _UNCONTENDED_MS = 0.1
 """A call counts as uncontended (:func:`_uncontended`) when its answer waited no more than this for the loop:

@@ -67,22 +67,30 @@ def test_io_nodes_count_the_calls_in_flight_to_their_resource(tmp_path: Path) ->
     assert inflight == {"root/gather#0[0]/io0": [1], "root/gather#0[1]/io0": [2], "root/io0": [1]}
 
 
-def test_a_call_whose_answer_waits_for_the_loop_no_longer_counts_as_in_flight(tmp_path: Path) -> None:
-    # call A [0.6, 3.05]; tasks 3 and 4 hold the loop back to back over [1.0, 2.95], so A's answer came by 1.15
-    # and waited for them (queued 1.9); call B, started at 1.95 inside that run, met no outstanding answer
+@pytest.mark.parametrize(("answer", "expected"), [(None, 2), (1.2, 1)])
+def test_a_call_whose_answer_waits_for_the_loop_no_longer_counts_as_in_flight(
+        tmp_path: Path, answer: float | None, expected: int) -> None:
+    # call A [0.6, 3.05]; tasks 3 and 4 hold the loop back to back over [1.0, 2.95], so A's answer came somewhere
+    # in [1.15, 3.05] and waited for them (queued, a bound: 1.9); call B started at 1.95 inside that run.
+    # Without the answer's time, A counts until the middle of its bound (2.1): B met it outstanding. Read at 1.2,
+    # A's answer had come before B started.
     t = Trace("GET /fan")
     t.request(-0.1, 3.6, 1)
     t.task(1, [(0, 0.5, "sync:10"), (3.35, 0.1, "done")], coro="fan")
     t.task(2, [(0.55, 0.05, "io"), (3.0, 0.05, "done")], parent=1, spawn_step=0, created=0.2)
-    t.io(2, 0, 0.6, 3.05)
+    t.io(2, 0, 0.6, 3.05, answer=answer)
     t.task(3, [(1.0, 1.0, "io"), (3.1, 0.05, "done")], parent=1, spawn_step=0, created=0.3)
     t.io(3, 0, 1.95, 3.15)
     t.task(4, [(2.05, 0.9, "done")], parent=1, spawn_step=0, created=0.4)
     t.sync(10, "gather", "all", [2, 3, 4], task=1, step=0, start=0.45, end=3.3, resume_step=1)
     [g] = graphs_of(tmp_path, t)
-    assert g.node("root/gather#0[0]/io0").extra["queued_ms"] == pytest.approx([1.9])
+    a = g.node("root/gather#0[0]/io0")
+    # with the answer read at 1.2: 1.8 known to follow it (A's own last step, 0.05, is its CPU), 0.2 of the
+    # busy spell before it
+    assert a.extra["queued_ms"] == pytest.approx([1.9 if answer is None else 2.0])
+    assert a.extra["answered_ms"] == pytest.approx([0.0 if answer is None else 1.8])
     inflight = {n.id: n.extra["inflight"] for n in g.nodes if n.kind is NodeKind.IO}
-    assert inflight == {"root/gather#0[0]/io0": [1], "root/gather#0[1]/io0": [1]}
+    assert inflight == {"root/gather#0[0]/io0": [1], "root/gather#0[1]/io0": [expected]}
 
 
 def queued_request(busy_until: float, idle: list[tuple[float, float]] | None = None,
