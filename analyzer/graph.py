@@ -27,8 +27,8 @@ import numpy.typing as npt
 from analyzer.errors import GraphError, GraphFileError
 
 __all__ = [
-    "FORMAT",
     "ANSWER_WAIT_SHARE",
+    "FORMAT",
     "PER_REQUEST_EXTRAS",
     "CausalGraph",
     "Node",

@@ -51,10 +51,14 @@ def test_gather_graph_structure_and_durations(tmp_path: Path) -> None:
     assert self_check(g).max() < 0.01
 
 
-def test_io_nodes_count_the_calls_in_flight_to_their_resource(tmp_path: Path) -> None:
-    # a gather of two redis calls that overlap ([0.6, 3.0] then [0.75, 2.0]), then one more call alone
+@pytest.mark.parametrize("idle", [None, []])
+def test_io_nodes_count_the_calls_in_flight_to_their_resource(
+        tmp_path: Path, idle: list[tuple[float, float]] | None) -> None:
+    # a gather of two redis calls that overlap ([0.6, 3.0] then [0.75, 2.0]), then one more call alone. With the
+    # loop's sleeps recorded and none during the request, the bound on A's wait for the loop spans A from its
+    # start: A still counts when B starts, its answer expected halfway through that bound
     t = Trace("GET /fan")
-    t.request(-0.1, 4.4, 1)
+    t.request(-0.1, 4.4, 1, idle=idle)
     t.task(1, [(0, 0.5, "sync:10"), (3.2, 0.2, "io"), (4.1, 0.2, "done")], coro="fan")
     t.task(2, [(0.55, 0.1, "io"), (3.0, 0.1, "done")], parent=1, spawn_step=0, created=0.2)
     t.io(2, 0, 0.6, 3.0)
