@@ -353,6 +353,8 @@ def simulate(
     spell_u = [0.0] * max(servers, 1)  # per CPU server: the neighbour's quantile when its loop last woke up
     spell_w = [0.0] * max(servers, 1)  # and the work it has done since (ms)
     spell_g = [0.0] * max(servers, 1)  # and how long it slept before (ms)
+    # and what that work was charged, neighbour(spell_w, spell_u, spell_g): each piece asks the profile once
+    spell_c = [neighbour(0.0, 0.0, 0.0) if neighbour is not None else 0.0] * max(servers, 1)
     done_count = 0
     issued = 0
 
@@ -458,9 +460,10 @@ def simulate(
             spell_u[server], spell_w[server], spell_g[server] = u - math.floor(u), 0.0, gap
             before = 0.0 if loop_free[server] >= req_t0[r] else neighbour(0.0, spell_u[server], gap)
         else:
-            before = neighbour(spell_w[server], spell_u[server], spell_g[server])
+            before = spell_c[server]
         spell_w[server] += d
-        return neighbour(spell_w[server], spell_u[server], spell_g[server]) - before
+        spell_c[server] = neighbour(spell_w[server], spell_u[server], spell_g[server])
+        return spell_c[server] - before
 
     def cpu_of(w: Workload, j: int, col: int) -> tuple[float, float]:
         if w.cpu_before is None or w.cpu_after is None:
