@@ -42,7 +42,7 @@ from typing import Any
 import networkx as nx
 
 from analyzer.errors import GraphError
-from analyzer.graph import ANSWER_WAIT_SHARE, PER_REQUEST_EXTRAS, CausalGraph, Node, NodeKind, WaitMode
+from analyzer.graph import PER_REQUEST_EXTRAS, CausalGraph, Node, NodeKind, WaitMode, expected_answer_wait
 from analyzer.spans import (
     IoCall,
     Request,
@@ -803,8 +803,7 @@ def _count_inflight(calls: Sequence[_Obs]) -> None:
     by_resource: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for obs in calls:
         assert obs.io is not None
-        known = min(obs.answered_ns, obs.queued_ns)
-        answer = obs.io.end_ns - known - ANSWER_WAIT_SHARE * (obs.queued_ns - known)
+        answer = obs.io.end_ns - expected_answer_wait(obs.queued_ns, min(obs.answered_ns, obs.queued_ns))
         by_resource[obs.io.resource].append((obs.io.start_ns, answer))
     for obs in calls:
         assert obs.io is not None

@@ -36,6 +36,7 @@ __all__ = [
     "WaitMode",
     "dump_graphs",
     "evaluate",
+    "expected_answer_wait",
     "load_graphs",
     "hidden_loop_ms",
     "loop_cpu_ms",
@@ -54,6 +55,16 @@ it counts a request's calls in flight (``inflight``). The answer came at some po
 spans: half of it, expected for an answer arriving uniformly in it. On the example's index page with nothing
 changed, the one-user simulation came out 0.45 ms above the recording keeping all of it, 0.59 below taking all
 of it out and 0.12 below at half (``docs/accuracy.md``, with bounds from task steps alone)."""
+
+
+def expected_answer_wait(bound: Any, known: Any) -> Any:
+    """The expected part of an io call's recorded wait for the loop: its ``known`` part (``answered_ms``) and
+    :data:`ANSWER_WAIT_SHARE` of the rest of its ``bound`` (``queued_ms``), for numbers and numpy arrays alike.
+
+    >>> expected_answer_wait(2.0, 1.0)
+    1.5
+    """
+    return known + ANSWER_WAIT_SHARE * (bound - known)
 
 
 PER_REQUEST_EXTRAS: tuple[str, ...] = ("ready_ms", "wait_ms", "queued_ms", "answered_ms", "cpu_before_ms",

@@ -55,7 +55,7 @@ from analyzer.distribution import (
     evaluate_plan,
 )
 from analyzer.errors import GraphError, ProfileError, ScenarioError
-from analyzer.graph import ANSWER_WAIT_SHARE, CausalGraph, Node, NodeKind
+from analyzer.graph import CausalGraph, Node, NodeKind, expected_answer_wait
 from analyzer.interference import cpu_slowdown, stretch_profile
 from analyzer.loadsim import WAIT_SCALE_KEY, Queueing, check_meta
 from analyzer.scenario import (
@@ -868,7 +868,7 @@ def _io_node(
     waited = taken = None
     if simulated or (locations and j not in per_sample):
         bound, known = _answer_waited(graph, node, per_request[j], typical)
-        expected = known + ANSWER_WAIT_SHARE * (bound - known) if simulated else np.zeros_like(bound)
+        expected = expected_answer_wait(bound, known) if simulated else np.zeros_like(bound)
         if j in per_sample:
             if simulated and expected.any():
                 per_sample[j] = np.maximum(per_sample[j] - expected[idx], 0.0)
