@@ -27,9 +27,10 @@ Steps, per scenario (docs/demo.md and docs/accuracy.md say why each choice):
 2. graphs from the baseline's measured requests;
 3. the profiles the engine needs: ``GET /blob/{id}`` at today's and the bigger payload size, with one caller
    and with up to the index page's ten at once (the size case's spec filters on that api), RTTs through the
-   proxy at 0 ms and with the delay (the ``(rtt)`` rows of location), CPU probes for interference, and once,
-   before the cases, a wake-up profile of the app (``analyzer.wakeup``: the post page's server-side latency after
-   pauses of 0-40 ms taking turns; ``--no-wake`` leaves it out), measured again right before each location case,
+   proxy at 0 ms and with the delay (the ``(rtt)`` rows of location), CPU probes for interference, and,
+   before the cases, a wake-up profile of the app, once per pinning the other cases use (``analyzer.wakeup``:
+   the post page's server-side latency after pauses of 0-40 ms taking turns; ``--no-wake`` leaves it out),
+   measured again right before each location case,
    which is predicted from its own (the machine's wake-up changes within a run): the loop's longer idle gaps are
    charged what the profile says they cost in the nominal and ``(applied)`` rows; the ``(no wake-up)`` rows
    predict the nominal delay without it, and the ``(rtt)`` rows too (an RTT profile measured end to end by a
