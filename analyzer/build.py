@@ -96,6 +96,9 @@ class _Obs:
     inflight: int = 0
     """io nodes: the request's calls to the same resource waiting for answers when this one started, itself
     included."""
+    open_calls: int = 0
+    """io nodes: the request's calls to the same resource whose spans were open when this one started, itself
+    included: its place in a fan-out whose answers come in no sooner than they did."""
     queued_ns: int = 0
     """io nodes: the end of the call's wait during which the loop ran other tasks' steps (:meth:`_queued`);
     sync nodes: the part of the wake-up during which it did (:meth:`_sync`)."""
@@ -235,10 +238,11 @@ def _merge(route: str, variant: int, members: Sequence[RequestGraph]) -> CausalG
         samples = [rg.nodes[node_id] for rg in members]
         extra = dict(proto.extra)
         for key in PER_REQUEST_EXTRAS:
-            if key in extra and key != "inflight":
+            if key in extra and key not in ("inflight", "open_calls"):
                 extra[key] = [round(float(s.extra[key][0]), 6) for s in samples]
-        if "inflight" in extra:
-            extra["inflight"] = [int(s.extra["inflight"][0]) for s in samples]
+        for key in ("inflight", "open_calls"):
+            if key in extra:
+                extra[key] = [int(s.extra[key][0]) for s in samples]
         if "wait_ms" in extra and not any(extra["wait_ms"]):
             del extra["wait_ms"]
         nodes.append(
@@ -788,7 +792,7 @@ class _Builder:
 
 def _count_inflight(calls: Sequence[_Obs]) -> None:
     """Set each io node's ``inflight``: the request's calls to its resource still waiting for their answers when
-    it started (itself too).
+    it started (itself too); and its ``open_calls``, the calls whose spans were open then, answered or not.
 
     A call whose answer has come but waits for the loop no longer loads the resource: a fan-out's calls start
     one loop step apart and their answers wait for the loop to get through the rest, so counting open spans
@@ -799,16 +803,20 @@ def _count_inflight(calls: Sequence[_Obs]) -> None:
     :data:`~analyzer.graph.ANSWER_WAIT_SHARE`), as the load simulation takes it out. Counting to the bound's
     start instead counts no call at all when the loop never slept during the fan-out: the bound then spans every
     call from its start.
+
+    ``open_calls`` is the call's place in its fan-out when the answers come in no sooner than they did: a
+    bigger answer (``size:``) keeps an earlier call unanswered at least as long as its span lasted today.
     """
-    by_resource: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    by_resource: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
     for obs in calls:
         assert obs.io is not None
         answer = obs.io.end_ns - expected_answer_wait(obs.queued_ns, min(obs.answered_ns, obs.queued_ns))
-        by_resource[obs.io.resource].append((obs.io.start_ns, answer))
+        by_resource[obs.io.resource].append((obs.io.start_ns, answer, obs.io.end_ns))
     for obs in calls:
         assert obs.io is not None
         start = obs.io.start_ns
-        obs.inflight = max(1, sum(1 for a, b in by_resource[obs.io.resource] if a <= start < b))
+        obs.inflight = max(1, sum(1 for a, b, _ in by_resource[obs.io.resource] if a <= start < b))
+        obs.open_calls = max(1, sum(1 for a, _, e in by_resource[obs.io.resource] if a <= start < e))
 
 
 def _hidden_work(req: Request, nodes: Sequence[_Obs]) -> None:
@@ -853,6 +861,7 @@ def _to_node(obs: _Obs) -> Node:
     if obs.kind is NodeKind.IO:
         extra["cpu_before_ms"] = [obs.cpu_before_ns / 1e6]
         extra["inflight"] = [max(obs.inflight, 1)]
+        extra["open_calls"] = [max(obs.open_calls, 1)]
         extra["queued_ms"] = [obs.queued_ns / 1e6]
         extra["answered_ms"] = [obs.answered_ns / 1e6]
         extra["hidden_ms"] = [obs.hidden_ns / 1e6]

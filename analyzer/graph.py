@@ -68,12 +68,12 @@ def expected_answer_wait(bound: Any, known: Any) -> Any:
 
 
 PER_REQUEST_EXTRAS: tuple[str, ...] = ("ready_ms", "wait_ms", "queued_ms", "answered_ms", "cpu_before_ms",
-                                       "hidden_ms", "inflight")
+                                       "hidden_ms", "inflight", "open_calls")
 """Extra node fields the builder writes with one value per request, aligned with ``samples_ms``: a compute
 node's wait for the loop before its task first ran and the waits folded into it, an io call's wait behind its
 request's other work at its end (a bound) and the part of it known to follow the answer's arrival, the part of
-its CPU before the wait, the loop's work inside its wait outside any step, and the calls of its request in
-flight to its resource."""
+its CPU before the wait, the loop's work inside its wait outside any step, the calls of its request in
+flight to its resource, and those whose spans were open when it started."""
 
 
 class NodeKind(enum.StrEnum):

@@ -455,17 +455,25 @@ def _size_shift(
     where the size profile's single caller took 0.32 ms at the same payload).
 
     When the store has the size profile at several concurrencies (``perfcast profile --size ... --concurrency
-    ...``), both quantile functions are read at the level of concurrency the call met when recorded (the io
-    node's ``inflight``: its request's calls to the resource waiting for answers when it started): the calls of
-    a fan-out share the server and the wire, so the n-th call's answer waits for the extra bytes of the ones
-    before it (ten 256 KiB blobs fetched at once: the last answered 1.6 ms later than at 4 KiB, where one
-    alone took 0.2-0.4 ms longer). None when today's payload lies outside the measured sizes: the profile
-    cannot say what a call of it takes.
+    ...``), both quantile functions are read at the call's place in its fan-out: the calls of a fan-out share
+    the server and the wire, so the n-th call's answer waits for the extra bytes of the ones before it (ten 256
+    KiB blobs fetched at once: the last answered 1.6 ms later than at 4 KiB, where one alone took 0.2-0.4 ms
+    longer). Its place is the io node's ``open_calls`` for a bigger payload (its request's calls to the resource
+    whose spans were open when it started: a bigger answer comes in no sooner than today's did) and its
+    ``inflight`` for a smaller one (those still waiting for their answers). The profile's ``L`` callers start
+    together and are answered one after the other, so its shift at ``L`` is the mean over places 1..L of a
+    queue, ``(L + 1) / 2`` answers' extra; the call at place ``L`` waits for ``L`` of them, ``2L / (L + 1)``
+    times that. Read at its recorded ``inflight`` as a mean over places, the example's index page came out
+    1.6-1.9 ms short of its measured +2.1-2.3 ms with 256 KiB blobs; read at its place, with its client's
+    queueing as below, 0.4-0.5 ms short (``docs/accuracy.md``, runs 140-141). None when today's payload lies
+    outside the measured sizes: the profile cannot say what a call of it takes.
 
     Where the profiles recorded their caller's CPU per call, the third item is what the new size adds to it
     (``c_S - c_P``, on the loop after the wait: taking in the bigger answer) and, of each call's shift, the part
-    that was the profile's ``k`` callers queueing for each other's extra, ``(k - 1) / 2 * (c_S - c_P)`` (they
-    were started together, so a call waits for half the others on average). Ten 256 KiB answers cost the
+    that was the profile's callers queueing for each other's extra on the client's loop: for the call at place
+    ``L``, ``L - 1`` times what the client's CPU per answer exceeded the pace the answers came at, at the new
+    size less at today's (:func:`_client_lag`; with 256 KiB blobs at ten callers the answers came 0.71 ms apart
+    and took 0.23 ms of the client's CPU each: nothing queued). Ten 256 KiB answers cost the
     example app's loop about 2 ms more than ten of 4 KiB, which delays its other steps too: the index page
     measured 1.7-2.7 ms slower where the calls' shifts alone gave 0.2-0.9 ms.
     """
@@ -477,9 +485,11 @@ def _size_shift(
     ranks = np.empty(n, dtype=np.float64)
     ranks[np.argsort(recorded, kind="stable")] = (np.arange(n) + 0.5) / n
     u = ranks[idx]
-    inflight = node.extra.get("inflight")
-    levels = (np.maximum(np.asarray(inflight, dtype=np.float64)[idx], 1.0)
-              if inflight is not None and _measured_levels(store, node.api) else np.ones(idx.size))
+    place = node.extra.get("open_calls" if size_bytes > today else "inflight")
+    if place is None:
+        place = node.extra.get("inflight")
+    levels = (np.maximum(np.asarray(place, dtype=np.float64)[idx], 1.0)
+              if place is not None and _measured_levels(store, node.api) else np.ones(idx.size))
     shift = np.empty(idx.size)
     cpu, queued = np.zeros(idx.size), np.zeros(idx.size)
     hows = []
@@ -489,11 +499,15 @@ def _size_shift(
         q_new, q_old = (new, old) if met.size == 1 and level == 1.0 else (
             store.select(node.api, node.resource, labels, "size_bytes", size_bytes, float(level)),
             store.select(node.api, node.resource, labels, "size_bytes", today, float(level)))
-        shift[at] = (np.quantile(np.asarray(q_new.samples_ms, dtype=np.float64), u[at])
-                     - np.quantile(np.asarray(q_old.samples_ms, dtype=np.float64), u[at]))
+        # the profile's mean place in its queue of ``level`` answers against this call's, the last of them
+        place_factor = 2.0 * level / (level + 1.0)
+        shift[at] = place_factor * (np.quantile(np.asarray(q_new.samples_ms, dtype=np.float64), u[at])
+                                    - np.quantile(np.asarray(q_old.samples_ms, dtype=np.float64), u[at]))
         if q_new.cpu_ms is not None and q_old.cpu_ms is not None:
             cpu[at] = q_new.cpu_ms - q_old.cpu_ms
-            queued[at] = (level - 1.0) / 2.0 * cpu[at]
+            if level > 1.0:
+                queued[at] = (level - 1.0) * (_client_lag(store, node, labels, size_bytes, level, q_new)
+                                              - _client_lag(store, node, labels, today, level, q_old))
         hows.append(q_new.how)
     drawn = np.maximum(recorded[idx] + shift, 0.0)
     # a smaller payload saves CPU, but never more than the call held; nor does the queueing go below nothing
@@ -501,13 +515,30 @@ def _size_shift(
     cpu = np.maximum(cpu, -np.minimum(held, drawn))
     queued = np.clip(queued, 0.0, np.maximum(drawn - np.maximum(cpu, 0.0), 0.0))
     loop = (cpu, queued) if np.any(cpu != 0.0) else None
-    where = (f"({hows[0]})" if len(hows) == 1 else "at the concurrency each call met when recorded, "
-             f"{int(levels.min())}..{int(levels.max())} ({hows[-1]})")
+    places = (f"{int(levels.min())}" if levels.min() == levels.max()
+              else f"{int(levels.min())}..{int(levels.max())}")
+    where = (f"({hows[0]})" if levels.max() <= 1.0 else f"at each call's place in its fan-out, {places}, the last of "
+             f"a queue of that many answers ({hows[-1]})")
     cpu_note = (f"; the caller's CPU {float(np.mean(cpu)):+.3g} ms a call on the loop after the wait, of which the "
                 f"profile's callers queued {float(np.mean(queued)):.3g} ms for each other" if loop is not None else "")
     return drawn, (f"baseline + profile {node.api} at {size_bytes:g} B {where} - at today's payload "
                    f"{today:g} B, at the call's rank among its recorded durations (median shift "
                    f"{float(np.median(shift)):+.3g} ms){cpu_note}"), loop
+
+
+def _client_lag(store: SupportsSelect, node: Node, labels: Mapping[str, str], size: float, level: float,
+                at_level: _SelectionLike) -> float:
+    """How much longer the profile's client took to take in each answer than the answers took to come, at
+    ``size`` with ``level`` callers (ms, at least 0): what each answer queued on the client's loop behind the one
+    before it.
+
+    Its ``level`` callers start together and are answered one after the other: the answers come ``pace = 2 (Q_L
+    - Q_1) / (L + 1)`` apart (medians at ``L`` callers and at one), and a client spending ``c`` ms of CPU on each
+    falls behind by ``c - pace`` an answer when that is positive, else keeps up.
+    """
+    one = store.select(node.api, node.resource, labels, "size_bytes", size, 1.0)
+    pace = 2.0 * (float(np.median(at_level.samples_ms)) - float(np.median(one.samples_ms))) / (level + 1.0)
+    return max((at_level.cpu_ms or 0.0) - max(pace, 0.0), 0.0)
 
 
 def _measured_levels(store: SupportsSelect, api: str) -> bool:

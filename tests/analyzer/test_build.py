@@ -95,6 +95,9 @@ def test_a_call_whose_answer_waits_for_the_loop_no_longer_counts_as_in_flight(
     assert a.extra["answered_ms"] == pytest.approx([0.0 if answer is None else 1.8])
     inflight = {n.id: n.extra["inflight"] for n in g.nodes if n.kind is NodeKind.IO}
     assert inflight == {"root/gather#0[0]/io0": [1], "root/gather#0[1]/io0": [expected]}
+    # A's span was open when B started either way: B's place in the fan-out if answers came no sooner
+    opened = {n.id: n.extra["open_calls"] for n in g.nodes if n.kind is NodeKind.IO}
+    assert opened == {"root/gather#0[0]/io0": [1], "root/gather#0[1]/io0": [2]}
 
 
 def queued_request(busy_until: float, idle: list[tuple[float, float]] | None = None,

@@ -528,9 +528,12 @@ class TestBackgroundDemand:
 def test_a_bigger_answer_holds_the_loop_for_the_callers_extra_cpu(tmp_path: Path) -> None:
     # two blob calls at once (the second started while the first was open), 1 ms each as recorded; at 1 MB the
     # profiles say a lone call takes 3 ms and each of two callers' 4 ms, the caller's CPU 0.1 -> 2.1 ms a call.
-    # Of the pair's 4 ms, 1 ms was waiting for the other caller's extra 2 ms ((2 - 1) / 2 x 2): the simulated
-    # loop makes that wait itself. Each answer arrives 1 ms in and holds the loop 2 ms: the request ends at 5
-    # ms. The DAG's estimate, with no loop, keeps the profiled durations: max(3, 4).
+    # The second call, last of a queue of two answers, gains 2 x 2 / 3 of the pair's +3: 4 ms. The profile's
+    # answers came 2 x (4 - 3) / 3 = 0.67 ms apart at 1 MB and its client took 2.1 ms of CPU on each: the second
+    # waited 1.43 ms for the first's (0.1 at 4 KB, answers 0 ms apart), 1.33 more, which the simulated loop
+    # makes itself. The first answer arrives 1 ms in and holds the loop 2 ms, the second arrives at 1.67 and
+    # holds it from 3 to 5: the request ends at 5 ms. The DAG's estimate, with no loop, keeps the profiled
+    # durations: max(1 + 2, 1 + 4).
     from analyzer.profiles import ProfileKey, ProfileStore
 
     blobs = "http://127.0.0.1:8101"
@@ -548,13 +551,13 @@ def test_a_bigger_answer_holds_the_loop_for_the_callers_extra_cpu(tmp_path: Path
                         latency_ms=[1.0] * 20)
         spec = "size:127.0.0.1:8101[GET /blob/{id}]=1MB"
         (dag,) = predict([g], spec, store, samples=200, rng=rng())
-        assert dag.predicted.mean == pytest.approx(4.0)
+        assert dag.predicted.mean == pytest.approx(5.0)
         (sim,) = predict([g], f"load:1; {spec}", store, samples=200, rng=rng())
         assert sim.predicted.mean == pytest.approx(5.0)
         assert any("hold the loop for the caller's CPU the scenario adds" in n for n in sim.notes)
         how = {s.node: s.how for s in sim.sources[0][1]}
         assert "the caller's CPU +2 ms a call on the loop after the wait, of which the profile's callers queued " \
-               "1 ms" in how["b"]
+               "1.33 ms" in how["b"]
 
 
 def test_io_nodes_carry_their_loop_cpu(tmp_path: Path) -> None:

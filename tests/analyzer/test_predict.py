@@ -236,25 +236,45 @@ class TestApiFilter:
         (p,) = predict([g], "size:127.0.0.1:8101[GET /blob/{id}]=1MB", store, samples=2000, rng=rng())
         assert values(p.predicted) == {10.0, 31.0}
 
-    def test_a_fan_outs_calls_shift_at_the_concurrency_each_met(self, store: ProfileStore) -> None:
-        # two blobs fetched at once, the second started while the first was open (inflight 2); measured with one
-        # and with two callers, 1 MB adds 1 ms to one caller's call and 5 ms to each of two callers': the
-        # first call gains 1 ms, the second 5, and the request ends when the second does
-        for size, c, ms in ((4096, 1, 1.0), (1e6, 1, 2.0), (4096, 2, 2.0), (1e6, 2, 7.0)):
+    def test_a_fan_outs_calls_shift_at_their_place_in_it(self, store: ProfileStore) -> None:
+        # two blobs fetched at once, the second started while the first's span was open (open_calls 2), though
+        # the first's answer had come (inflight 1); measured with one and with two callers, 1 MB adds 1 ms to one
+        # caller's call and 4.5 ms to each of two callers' at the median: the two answers queue, the second
+        # waiting for both extras, 2 x 2 / 3 of the mean. A bigger answer keeps the first unanswered: the first
+        # call gains 1 ms, the second 6, and the request ends when the second does
+        for size, c, ms in ((4096, 1, 1.0), (1e6, 1, 2.0), (4096, 2, 2.0), (1e6, 2, 6.5)):
             store.add(ProfileKey.make("http GET /blob/{id}", BLOBS, {}, "size_bytes", size, c), [ms] * 5)
 
-        def call(node_id: str, level: int) -> Node:
+        def call(node_id: str, level: int, payload: float = 4096) -> Node:
             return Node(node_id, NodeKind.IO, (2.0,) * 20, api="http GET /blob/{id}", resource=BLOBS,
-                        system="http", round_trips=(1,) * 20, response_bytes=(4096,) * 20,
-                        extra={"inflight": [level] * 20})
+                        system="http", round_trips=(1,) * 20, response_bytes=(payload,) * 20,
+                        extra={"inflight": [1] * 20, "open_calls": [level] * 20})
 
         g = graph("GET /", [call("a", 1), call("b", 2)], [("start", "a"), ("start", "b"), ("a", "end"),
                                                             ("b", "end")])
         (p,) = predict([g], "size:127.0.0.1:8101[GET /blob/{id}]=1MB", store, samples=500, rng=rng())
-        assert values(p.predicted) == {7.0}  # max(2 + 1, 2 + 5)
+        assert values(p.predicted) == {8.0}  # max(2 + 1, 2 + 6)
         how = {s.node: s.how for s in p.sources[0][1]}
-        assert "at concurrency 2 (measured)" in how["b"] and "median shift +5 ms" in how["b"]
-        assert "median shift +1 ms" in how["a"]
+        assert "at concurrency 2 (measured)" in how["b"] and "median shift +6 ms" in how["b"]
+        assert "median shift +1 ms" in how["a"] and "place in its fan-out, 2," in how["b"]
+        # a smaller answer may come sooner: the place is the calls still unanswered (inflight 1), one caller's
+        # -1 ms; read at the open spans' place it would have been -6, the call cut to nothing
+        small = graph("GET /", [call("b", 2, payload=1e6)], [("start", "b"), ("b", "end")])
+        (p,) = predict([small], "size:127.0.0.1:8101[GET /blob/{id}]=4096", store, samples=500, rng=rng())
+        assert values(p.predicted) == {1.0}
+
+    def test_a_client_that_keeps_up_with_the_answers_queues_nothing(self, store: ProfileStore) -> None:
+        # the profile's two answers came 2 x (6.5 - 2) / 3 = 3 ms apart at 1 MB, 0.67 at 4 KB, and its client took
+        # 0.3 and 0.1 ms of CPU on each: it kept up, so none of the second call's shift was waiting for the
+        # client's loop (the simulation's own loop queues the app's extra CPU)
+        for size, c, ms, cpu in ((4096, 1, 1.0, 0.1), (1e6, 1, 2.0, 0.3), (4096, 2, 2.0, 0.1), (1e6, 2, 6.5, 0.3)):
+            store.add(ProfileKey.make("http GET /blob/{id}", BLOBS, {}, "size_bytes", size, c), [ms] * 5, cpu_ms=cpu)
+        b = Node("b", NodeKind.IO, (2.0,) * 20, api="http GET /blob/{id}", resource=BLOBS, system="http",
+                 round_trips=(1,) * 20, response_bytes=(4096,) * 20, extra={"open_calls": [2] * 20})
+        (p,) = predict([graph("GET /", [b], [("start", "b"), ("b", "end")])],
+                       "size:127.0.0.1:8101[GET /blob/{id}]=1MB", store, samples=200, rng=rng())
+        how = {s.node: s.how for s in p.sources[0][1]}["b"]
+        assert "the caller's CPU +0.2 ms a call" in how and "the profile's callers queued 0 ms" in how
 
     def test_without_the_filter_every_api_changes(self, sized: ProfileStore) -> None:
         # the ads have no size profile and a constant payload: the unfiltered change cannot apply to them
