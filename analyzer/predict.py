@@ -506,8 +506,7 @@ def _size_shift(
         if q_new.cpu_ms is not None and q_old.cpu_ms is not None:
             cpu[at] = q_new.cpu_ms - q_old.cpu_ms
             if level > 1.0:
-                queued[at] = (level - 1.0) * (_client_lag(store, node, labels, size_bytes, level, q_new)
-                                              - _client_lag(store, node, labels, today, level, q_old))
+                queued[at] = (level - 1.0) * (_client_lag(q_new, new, level) - _client_lag(q_old, old, level))
         hows.append(q_new.how)
     drawn = np.maximum(recorded[idx] + shift, 0.0)
     # a smaller payload saves CPU, but never more than the call held; nor does the queueing go below nothing
@@ -526,17 +525,15 @@ def _size_shift(
                    f"{float(np.median(shift)):+.3g} ms){cpu_note}"), loop
 
 
-def _client_lag(store: SupportsSelect, node: Node, labels: Mapping[str, str], size: float, level: float,
-                at_level: _SelectionLike) -> float:
-    """How much longer the profile's client took to take in each answer than the answers took to come, at
-    ``size`` with ``level`` callers (ms, at least 0): what each answer queued on the client's loop behind the one
-    before it.
+def _client_lag(at_level: _SelectionLike, one: _SelectionLike, level: float) -> float:
+    """How much longer the profile's client took to take in each answer than the answers took to come, with
+    ``level`` callers (``at_level``) against one (``one``), at one size (ms, at least 0): what each answer
+    queued on the client's loop behind the one before it.
 
     Its ``level`` callers start together and are answered one after the other: the answers come ``pace = 2 (Q_L
     - Q_1) / (L + 1)`` apart (medians at ``L`` callers and at one), and a client spending ``c`` ms of CPU on each
     falls behind by ``c - pace`` an answer when that is positive, else keeps up.
     """
-    one = store.select(node.api, node.resource, labels, "size_bytes", size, 1.0)
     pace = 2.0 * (float(np.median(at_level.samples_ms)) - float(np.median(one.samples_ms))) / (level + 1.0)
     return max((at_level.cpu_ms or 0.0) - max(pace, 0.0), 0.0)
 
