@@ -506,6 +506,7 @@ async def profile_target(
     concurrencies: Sequence[int] = (),
     idle_ms: Sequence[float] = (),
     rule: StopRule = StopRule(),
+    rounds: int = 1,
     store: ProfileStore | None = None,
     progress: Callable[[ProfileKey], Progress] | None = None,
     note: str = "",
@@ -517,9 +518,17 @@ async def profile_target(
     Both together measure the grid: every size with one caller and with each number of callers (a payload
     profile in two dimensions, what a bigger payload adds to each of a fan-out's calls), the first size's
     points also stored as the concurrency profile. Idle gaps give a wake-up profile (api ``wake``,
-    parameterised by ``idle_ms``, 0 included: :mod:`analyzer.wakeup`): one caller pauses that long before each
+    parameterised by ``idle_ms``, 0 included: :mod:`analyzer.wakeup`): one caller pausing that long before each
     call. ``rule.budget_s`` applies to each point. ``progress(key)`` returns the callback for that point.
+
+    With ``rounds`` > 1 the points take turns: each is measured in ``rounds`` spells of ``1/rounds`` of the
+    rule's budget and counts, the points visited in order, then in reverse, and so on, and stored after its last
+    spell. What the engine reads is the *difference* between points (a payload's extra over the smaller one at
+    the same callers); on a shared host whose speed drifts over the minutes a profile takes, points measured
+    one after the other would carry that drift into the difference, while taking turns spreads it over all.
     """
+    if rounds < 1:
+        raise ProfilingError(f"rounds must be at least 1, got {rounds}")
     points: list[tuple[str, float, int | None, int]] = []
     if idle_ms:
         if sizes or concurrencies:
@@ -539,7 +548,11 @@ async def profile_target(
             points.append(("size_bytes", float(n_bytes), n_bytes, c))
     if not sizes:
         points += [("concurrency", float(c), None, c) for c in concurrencies]
-    results = []
+    if len(points) == 1:
+        rounds = 1  # nothing to take turns with
+    spell = StopRule(rse=rule.rse, min_count=max(2, math.ceil(rule.min_count / rounds)),
+                     budget_s=rule.budget_s / rounds, max_count=max(1, math.ceil(rule.max_count / rounds)))
+    keys: list[tuple[ProfileKey, ProfileKey | None]] = []
     for param, value, size, concurrency in points:
         if param == "idle_ms":  # named by the route it times, which the engine matches to its graphs
             key = ProfileKey.make(WAKE_API, f"{target.resource} {target.api.removeprefix('http ')}", labels or {},
@@ -549,29 +562,55 @@ async def profile_target(
         # the first size's points with several callers are the concurrency profile too (loadsim reads that)
         also = (ProfileKey.make(target.api, target.resource, labels or {}, "concurrency", concurrency)
                 if sizes and size == sizes[0] and concurrency in concurrencies else None)
-        await target.open(concurrency)
-        try:
-            await target.prepare(size)
-            for _ in range(concurrency):  # warm the pool: connections opened here are not timed
-                await target.call()
-            began = time.monotonic()
-            # The caller's CPU per call: the client library's work on this thread (the event loop), which a
-            # bigger payload adds to the app's loop as well as to the call's latency (analyzer.predict, size).
-            # The timing loop's own bookkeeping is the same at every point and cancels in a difference.
-            cpu0 = time.thread_time_ns()
-            samples, why = await measure(
-                target.call, rule, concurrency=concurrency, progress=progress(key) if progress else None,
-                pause_s=value / 1000.0 if param == "idle_ms" else 0.0,
-            )
-            cpu_ms = (time.thread_time_ns() - cpu0) / 1e6 / samples.size
-        finally:
-            await target.close()
-        result = Measurement(key, samples, target.round_trips, why, time.monotonic() - began, cpu_ms)
-        if store is not None:
-            store.add(key, samples, round_trips=target.round_trips, cpu_ms=cpu_ms,
-                      note=note or f"perfcast profile ({why})")
-            if also is not None:
-                store.add(also, samples, round_trips=target.round_trips, cpu_ms=cpu_ms,
-                          note=note or f"perfcast profile ({why})")
-        results.append(result)
-    return results
+        keys.append((key, also))
+    parts: list[list[npt.NDArray[np.float64]]] = [[] for _ in points]
+    cpu_ns = [0] * len(points)
+    spent = [0.0] * len(points)
+    why: list[set[str]] = [set() for _ in points]
+    callbacks = [progress(key) if progress else None for key, _ in keys]
+    results: dict[int, Measurement] = {}
+    for turn in range(rounds):
+        order = range(len(points)) if turn % 2 == 0 else reversed(range(len(points)))
+        for i in order:
+            param, value, size, concurrency = points[i]
+            await target.open(concurrency)
+            try:
+                await target.prepare(size)
+                for _ in range(concurrency):  # warm the pool: connections opened here are not timed
+                    await target.call()
+                began = time.monotonic()
+                # The caller's CPU per call: the client library's work on this thread (the event loop), which a
+                # bigger payload adds to the app's loop as well as to the call's latency (analyzer.predict,
+                # size). The timing loop's own bookkeeping is the same at every point and cancels in a difference.
+                cpu0 = time.thread_time_ns()
+                samples, stopped = await measure(
+                    target.call, spell, concurrency=concurrency,
+                    progress=_carried(callbacks[i], sum(p.size for p in parts[i]), spent[i]),
+                    pause_s=value / 1000.0 if param == "idle_ms" else 0.0,
+                )
+                cpu_ns[i] += time.thread_time_ns() - cpu0
+            finally:
+                await target.close()
+            parts[i].append(samples)
+            spent[i] += time.monotonic() - began
+            why[i].add(stopped)
+            if len(parts[i]) < rounds:
+                continue
+            key, also = keys[i]
+            every = np.concatenate(parts[i])
+            cpu_ms = cpu_ns[i] / 1e6 / every.size
+            reason = ", ".join(sorted(why[i]))
+            results[i] = Measurement(key, every, target.round_trips, reason, spent[i], cpu_ms)
+            if store is not None:
+                for k in (key, also):
+                    if k is not None:
+                        store.add(k, every, round_trips=target.round_trips, cpu_ms=cpu_ms,
+                                  note=note or f"perfcast profile ({reason})")
+    return [results[i] for i in range(len(points))]
+
+
+def _carried(progress: Progress | None, count: int, elapsed_s: float) -> Progress | None:
+    """A point's progress over its spells: this spell's count and time added to the earlier spells'."""
+    if progress is None:
+        return None
+    return lambda n, rse, t: progress(count + n, rse, elapsed_s + t)

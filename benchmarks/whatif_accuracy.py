@@ -219,7 +219,8 @@ FAN_OUT = (2, 4, 7, 10)
 
 def _profile_sizes(setup: ForumSetup, store: ProfileStore, sizes: list[int], budget_s: float) -> None:
     """``http GET /blob/{id}`` of the blob service at each size, through the proxy the app uses, with one caller
-    and with each of :data:`FAN_OUT` (the engine reads it at the concurrency each call met when recorded).
+    and with each of :data:`FAN_OUT` (the engine reads it at the concurrency each call met when recorded), the
+    points taking turns in three rounds (the engine reads differences between them).
 
     The size case's spec filters on that api, so the ads and cache calls the blob service also answers keep
     their recorded latencies and need no size profile.
@@ -229,7 +230,8 @@ def _profile_sizes(setup: ForumSetup, store: ProfileStore, sizes: list[int], bud
     rule = StopRule(rse=0.01, min_count=200, budget_s=budget_s)
     with deploy(setup) as d:
         asyncio.run(profile_target(HttpTarget(f"{d.blob_url}/blob/1?bytes={{size}}"), sizes=sizes,
-                                   concurrencies=FAN_OUT, rule=rule, store=store, note="whatif_accuracy: blob sizes"))
+                                   concurrencies=FAN_OUT, rule=rule, rounds=3, store=store,
+                                   note="whatif_accuracy: blob sizes"))
 
 
 def _profile_cpu(store: ProfileStore, cpu_pct: float, budget_s: float = 5.0) -> None:

@@ -51,6 +51,9 @@ _int_list = _list_of(int, "integers", "1,4,16")
               help="A wake-up profile: one caller pausing these ms before each call (5,10,20; 0 is added). "
                    "Point it at the app's own endpoint: what a longer idle spell costs the work after it.")
 @click.option("--budget", default="60s", show_default=True, help="Time budget, shared by the points: 90s, 10m.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1),
+              help="With several points: each is measured in this many spells, the points taking turns, so a "
+                   "host whose speed drifts while profiling shifts every point alike.")
 @click.option("--rse", default=0.02, show_default=True, type=click.FloatRange(0, min_open=True),
               help="Stop a point once sd/sqrt(n)/mean is below this.")
 @click.option("--min", "min_count", default=30, show_default=True, type=click.IntRange(2),
@@ -71,6 +74,7 @@ def profile(
     concurrencies: list[int],
     idle_ms: list[float],
     budget: str,
+    rounds: int,
     rse: float,
     min_count: int,
     store_path: Path,
@@ -79,7 +83,8 @@ def profile(
     noisy neighbour) into a store.
 
     Without --size/--concurrency the profile is workload-independent; with them, one profile per value
-    (parameterised). Each point is measured until its mean is stable (--rse) or its share of --budget ends.
+    (parameterised). Each point is measured until its mean is stable (--rse) or its share of --budget ends,
+    in --rounds spells taking turns with the other points.
     --cpu runs CPU-work probes on one core, with a neighbour taking each given share of it and, in alternating
     blocks, paused (the reference); this host's interference profiles for interference:cpu=P.
     --idle measures the target after pauses (a wake-up profile): location, tier and size scenarios then charge
@@ -132,7 +137,12 @@ def profile(
     size_list = parse_sizes(sizes) if sizes else []
     if idle_ms and (size_list or concurrencies):
         raise click.UsageError("--idle goes without --size and --concurrency")
-    points = max(len(size_list) + len(concurrencies), len(set(idle_ms) | {0.0}) if idle_ms else 1)
+    if idle_ms:
+        points = len(set(idle_ms) | {0.0})
+    elif size_list:  # the grid: every size with one caller and with each number of callers
+        points = len(size_list) * len({1, *concurrencies})
+    else:
+        points = max(len(concurrencies), 1)
     rule = StopRule(rse=rse, min_count=min_count, budget_s=parse_duration(budget) / points)
     label_map = parse_labels(labels)
     console = Console(width=max(Console().width, 140))
@@ -145,8 +155,6 @@ def profile(
         tasks: list[TaskID] = []
 
         def track(key: ProfileKey):  # type: ignore[no-untyped-def]
-            for done in tasks:  # the previous point has finished
-                bar.update(done, completed=rule.budget_s)
             task = bar.add_task(f"{key.api} {key.param_text}", total=rule.budget_s, status="")
 
             def update(n: int, rse_now: float, elapsed: float) -> None:
@@ -158,7 +166,7 @@ def profile(
 
         results = asyncio.run(profile_target(
             target, labels=label_map, sizes=size_list, concurrencies=concurrencies, idle_ms=idle_ms, rule=rule,
-            store=store, progress=track,
+            rounds=rounds, store=store, progress=track,
         ))
         for done in tasks:
             bar.update(done, completed=rule.budget_s)

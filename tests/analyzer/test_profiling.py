@@ -238,3 +238,56 @@ async def test_wake_up_profile_pauses_before_each_call(http_server: str, tmp_pat
     with pytest.raises(ProfilingError, match=">= 0"):
         await profile_target(target, idle_ms=[-1.0], rule=rule)
     store.close()
+
+
+class _DriftingTarget:
+    """A fake endpoint on a host slowing down as it works: each call takes its payload's time plus 0.01 ms for
+    every call made before it. It records the order its points were prepared in."""
+
+    api, resource, round_trips = "http GET /blob/{id}", "http://drifting", 1.0
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.prepared: list[tuple[int | None, int]] = []
+        self._size: int | None = None
+        self._concurrency = 1
+
+    async def open(self, concurrency: int) -> None:
+        self._concurrency = concurrency
+
+    async def prepare(self, size_bytes: int | None) -> None:
+        self._size = size_bytes
+        self.prepared.append((size_bytes, self._concurrency))
+
+    async def call(self) -> float:
+        await asyncio.sleep(0)
+        self.calls += 1
+        return (self._size or 0) / 1000 + 0.01 * self.calls
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_points_take_turns_so_drift_does_not_enter_their_difference(tmp_path: Path) -> None:
+    rule = StopRule(rse=1e-9, min_count=2, budget_s=30, max_count=300)
+    gaps = {}
+    for rounds in (1, 6):
+        target = _DriftingTarget()
+        store = ProfileStore(tmp_path / f"p{rounds}.db")
+        small, big = await profile_target(target, sizes=[1000, 2000], rule=rule, rounds=rounds, store=store)
+        # every point gets its whole count over its spells, and is stored whole after the last one
+        assert small.samples_ms.size == big.samples_ms.size == 300
+        stored = store.select(target.api, target.resource, {}, "size_bytes", 2000.0)
+        assert stored.samples_ms.tolist() == big.samples_ms.tolist()
+        gaps[rounds] = float(big.samples_ms.mean() - small.samples_ms.mean())
+        store.close()
+    # spells in order, then in reverse: a b | b a | a b ...
+    assert target.prepared[:4] == [(1000, 1), (2000, 1), (2000, 1), (1000, 1)] and len(target.prepared) == 12
+    # the true difference is 1 ms; one after the other adds the drift of 300 calls (3 ms), turns almost none
+    assert gaps[1] == pytest.approx(4.0, abs=0.05)
+    assert abs(gaps[6] - 1.0) < 0.1
+
+
+async def test_rounds_must_be_positive() -> None:
+    with pytest.raises(ProfilingError, match="rounds"):
+        await profile_target(_DriftingTarget(), sizes=[1, 2], rounds=0)
