@@ -75,7 +75,8 @@ class Measurement:
     samples_ms: npt.NDArray[np.float64] = field(repr=False)
     round_trips: float
     stopped: str
-    """Why measuring stopped: ``stable``, ``budget`` or ``max count``."""
+    """Why measuring stopped: ``stable``, ``budget`` or ``max count`` (each reason of its spells, when points took
+    turns: ``budget, stable``)."""
     elapsed_s: float
     cpu_ms: float | None = None
     """The caller's CPU per call (ms): its thread's CPU time while measuring over the calls made."""
@@ -511,14 +512,14 @@ async def profile_target(
     progress: Callable[[ProfileKey], Progress] | None = None,
     note: str = "",
 ) -> list[Measurement]:
-    """Measure ``target`` at each parameter value; store each point as soon as it is measured.
+    """Measure ``target`` at each parameter value; store each point as soon as it is measured (its last spell).
 
     Without sizes or concurrencies: one workload-independent profile. Sizes give profiles parameterised by
     ``size_bytes`` (measured with one caller); concurrencies give profiles parameterised by ``concurrency``.
     Both together measure the grid: every size with one caller and with each number of callers (a payload
     profile in two dimensions, what a bigger payload adds to each of a fan-out's calls), the first size's
     points also stored as the concurrency profile. Idle gaps give a wake-up profile (api ``wake``,
-    parameterised by ``idle_ms``, 0 included: :mod:`analyzer.wakeup`): one caller pausing that long before each
+    parameterised by ``idle_ms``, 0 included: :mod:`analyzer.wakeup`): one caller pauses that long before each
     call. ``rule.budget_s`` applies to each point. ``progress(key)`` returns the callback for that point.
 
     With ``rounds`` > 1 the points take turns: each is measured in ``rounds`` spells of ``1/rounds`` of the

@@ -74,6 +74,21 @@ def test_profile_redis_into_store(redis_url: str, tmp_path: Path) -> None:
     assert "cpu/call" in out
 
 
+def test_profile_grid_takes_turns_within_its_budget(redis_url: str, tmp_path: Path) -> None:
+    """Two sizes at one and two callers are four points sharing --budget; each is measured in --rounds spells."""
+    store = tmp_path / "p.db"
+    code, out = run("profile", "--redis", redis_url, "--op", "SET", "--size", "64,4k", "--concurrency", "2",
+                    "--budget", "2s", "--rounds", "2", "--rse", "1e-9", "--min", "20", "--store", str(store))
+    assert code == 0, out
+    with ProfileStore(store) as s:
+        points = sorted((k.value, k.concurrency) for k in s.keys() if k.param == "size_bytes")
+        assert points == [(64.0, 1), (64.0, 2), (4096.0, 1), (4096.0, 2)]
+    # an rse nobody reaches: every spell of every point runs out its share of the budget
+    assert out.count("budget") >= 4
+    code, out = run("profile", "--redis", redis_url, "--rounds", "0", "--store", str(store))
+    assert code == 2 and "--rounds" in out
+
+
 def test_profile_usage_errors(tmp_path: Path) -> None:
     code, out = run("profile", "--store", str(tmp_path / "p.db"))
     assert code == 2 and "exactly one of" in out
