@@ -238,11 +238,9 @@ def _merge(route: str, variant: int, members: Sequence[RequestGraph]) -> CausalG
         samples = [rg.nodes[node_id] for rg in members]
         extra = dict(proto.extra)
         for key in PER_REQUEST_EXTRAS:
-            if key in extra and key not in ("inflight", "open_calls"):
-                extra[key] = [round(float(s.extra[key][0]), 6) for s in samples]
-        for key in ("inflight", "open_calls"):
             if key in extra:
-                extra[key] = [int(s.extra[key][0]) for s in samples]
+                extra[key] = [int(s.extra[key][0]) if key in _COUNTS else round(float(s.extra[key][0]), 6)
+                              for s in samples]
         if "wait_ms" in extra and not any(extra["wait_ms"]):
             del extra["wait_ms"]
         nodes.append(
@@ -788,6 +786,10 @@ class _Builder:
                 done = ends[min(sync.k, len(ends)) - 1]
         # Unless the body itself raced, the waiting task may reach the point after it completed.
         return done if body_races else max(done, prev.end_ns)
+
+
+_COUNTS = ("inflight", "open_calls")
+"""The per-request extras that are counts of calls (kept as integers)."""
 
 
 def _count_inflight(calls: Sequence[_Obs]) -> None:

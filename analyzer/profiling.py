@@ -551,8 +551,9 @@ async def profile_target(
         points += [("concurrency", float(c), None, c) for c in concurrencies]
     if len(points) == 1:
         rounds = 1  # nothing to take turns with
-    spell = StopRule(rse=rule.rse, min_count=max(2, math.ceil(rule.min_count / rounds)),
-                     budget_s=rule.budget_s / rounds, max_count=max(1, math.ceil(rule.max_count / rounds)))
+    spell = rule if rounds == 1 else StopRule(
+        rse=rule.rse, min_count=max(2, math.ceil(rule.min_count / rounds)), budget_s=rule.budget_s / rounds,
+        max_count=max(1, math.ceil(rule.max_count / rounds)))
     keys: list[tuple[ProfileKey, ProfileKey | None]] = []
     for param, value, size, concurrency in points:
         if param == "idle_ms":  # named by the route it times, which the engine matches to its graphs

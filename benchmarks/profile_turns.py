@@ -28,9 +28,7 @@ import numpy as np
 
 from analyzer.profiling import HttpTarget, StopRule, profile_target
 from replayer.groundtruth import ForumSetup, deploy, reachable
-
-CALLERS = (2, 4, 7, 10)
-"""As the accuracy benchmark's size profile: up to the index page's ten blob fetches at once."""
+from whatif_accuracy import FAN_OUT, POSTGRES_URL, REDIS_URL  # beside this script: the same size profile
 
 BIG = 262144
 
@@ -40,10 +38,10 @@ def _shifts(setup: ForumSetup, rounds: int, budget_s: float) -> dict[int, float]
     rule = StopRule(rse=0.01, min_count=200, budget_s=budget_s)
     with deploy(setup) as d:
         got = asyncio.run(profile_target(HttpTarget(f"{d.blob_url}/blob/1?bytes={{size}}"),
-                                         sizes=[setup.payload_bytes, BIG], concurrencies=CALLERS, rule=rule,
+                                         sizes=[setup.payload_bytes, BIG], concurrencies=FAN_OUT, rule=rule,
                                          rounds=rounds))
     med = {(m.key.value, m.key.concurrency): float(np.median(m.samples_ms)) for m in got}
-    return {c: med[(float(BIG), c)] - med[(float(setup.payload_bytes), c)] for c in (1, *CALLERS)}
+    return {c: med[(float(BIG), c)] - med[(float(setup.payload_bytes), c)] for c in (1, *FAN_OUT)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.repeats < 2:
         p.error("--repeats: at least 2 (a spread needs two)")
     real = reachable("127.0.0.1", 6379) and reachable("127.0.0.1", 5432)
-    setup = ForumSetup(redis_url="redis://127.0.0.1:6379/13" if real else None,
-                       postgres_url="postgresql://postgres@127.0.0.1:5432/test" if real else None)
+    setup = ForumSetup(redis_url=REDIS_URL if real else None, postgres_url=POSTGRES_URL if real else None)
     shifts: dict[int, list[dict[int, float]]] = {1: [], 3: []}
     for rep in range(ns.repeats):
         for rounds in (1, 3) if rep % 2 == 0 else (3, 1):  # alternate which way goes first
@@ -67,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwhat 256 KiB adds to a call (ms), over {ns.repeats} profiles each way: sd (median)")
     print(f"{'callers':>8} {'one after the other':>22} {'taking turns':>16} {'sd ratio':>9}")
     table = []
-    for c in (1, *CALLERS):
+    for c in (1, *FAN_OUT):
         one = [s[c] for s in shifts[1]]
         turns = [s[c] for s in shifts[3]]
         sd1, sd3 = statistics.stdev(one), statistics.stdev(turns)

@@ -219,8 +219,8 @@ FAN_OUT = (2, 4, 7, 10)
 
 def _profile_sizes(setup: ForumSetup, store: ProfileStore, sizes: list[int], budget_s: float) -> None:
     """``http GET /blob/{id}`` of the blob service at each size, through the proxy the app uses, with one caller
-    and with each of :data:`FAN_OUT` (the engine reads it at the concurrency each call met when recorded), the
-    points taking turns in three rounds (the engine reads differences between them).
+    and with each of :data:`FAN_OUT` (the engine reads it at each call's place in its fan-out), the points taking
+    turns in three rounds (the engine reads differences between them).
 
     The size case's spec filters on that api, so the ads and cache calls the blob service also answers keep
     their recorded latencies and need no size profile.
